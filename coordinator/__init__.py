@@ -1,0 +1,1 @@
+"""HACO coordinator: allocation policy, profiles, planning and the `haco` CLI."""

@@ -1,0 +1,212 @@
+"""Experience profiles (spec §5): pure, deterministic updates from member outcomes.
+
+A profile is an immutable value; ``update_*`` returns a new one. Replaying the same
+observations in the same order rebuilds the same profile, which is what lets a
+recomputation from stored traces agree with the online profiles.
+
+Every count decays with a half-life measured in observations of that profile or in
+seconds; ``half_life = inf`` (the default) never forgets, as in the paper. Decay pulls
+the Beta posterior back towards its prior ``Beta(1, 1)``, not towards zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from coordinator.settings import DecayUnit, ProfileSettings
+from schemas.enums import FailureKind
+
+PRIOR_ALPHA = 1.0
+PRIOR_BETA = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Moments:
+    """Decayed weighted sums: weight, Σx, Σx². Mean and deviation derive from them."""
+
+    n: float = 0.0
+    s1: float = 0.0
+    s2: float = 0.0
+
+    def add(self, x: float, w: float) -> Moments:
+        return Moments(self.n * w + 1.0, self.s1 * w + x, self.s2 * w + x * x)
+
+    def scaled(self, w: float) -> Moments:
+        return Moments(self.n * w, self.s1 * w, self.s2 * w)
+
+    @property
+    def mean(self) -> float | None:
+        return self.s1 / self.n if self.n > 0 else None
+
+    @property
+    def std(self) -> float:
+        if self.n <= 0:
+            return 0.0
+        m = self.s1 / self.n
+        return math.sqrt(max(0.0, self.s2 / self.n - m * m))
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateObservation:
+    """What one executed member tells about its candidate."""
+
+    at_s: float
+    delivered: bool  # False when the transmission was lost before the candidate saw it
+    failure: FailureKind | None = None  # None = success
+    quality: float | None = None  # judged quality in [0, 1] of a successful output
+    proc_latency_s: float | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LinkObservation:
+    """One transmission over a link: its size, whether it was lost, and its timing split
+    into the transfer part (bytes / bandwidth) and the path delay (the RTT signal)."""
+
+    at_s: float
+    bytes: float
+    lost: bool
+    t_transfer_s: float | None = None  # bytes / bandwidth, when delivered
+    rtt_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateProfile:
+    candidate_id: str
+    alpha: float = PRIOR_ALPHA
+    beta: float = PRIOR_BETA
+    calls: float = 0.0
+    delivered: float = 0.0
+    successes: float = 0.0
+    internal_failures: float = 0.0
+    network_failures: float = 0.0
+    deadline_failures: float = 0.0
+    quality: Moments = Moments()
+    latency: Moments = Moments()
+    tokens_in: Moments = Moments()
+    tokens_out: Moments = Moments()
+    recent_latency_s: tuple[float, ...] = ()
+    observations: int = 0
+    last_seen_s: float | None = None
+
+    @property
+    def f_int(self) -> float:
+        """Internal failure rate among calls the candidate actually received."""
+        return self.internal_failures / self.delivered if self.delivered > 0 else 0.0
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.calls if self.calls > 0 else 0.0
+
+    @property
+    def mean_quality(self) -> float | None:
+        return self.quality.mean
+
+
+@dataclass(frozen=True, slots=True)
+class LinkProfile:
+    src: str
+    dst: str
+    transmissions: float = 0.0
+    losses: float = 0.0
+    bandwidth: Moments = Moments()  # observed bytes / transfer time, bytes/s
+    rtt: Moments = Moments()
+    observations: int = 0
+    last_seen_s: float | None = None
+
+    @property
+    def loss_rate(self) -> float:
+        return self.losses / self.transmissions if self.transmissions > 0 else 0.0
+
+
+def decay_weight(settings: ProfileSettings, last_seen_s: float | None, now_s: float) -> float:
+    """Factor applied to existing counts before one new observation is added."""
+    if math.isinf(settings.half_life) or last_seen_s is None:
+        return 1.0
+    if settings.decay_unit is DecayUnit.OBSERVATIONS:
+        return float(0.5 ** (1.0 / settings.half_life))
+    elapsed = max(0.0, now_s - last_seen_s)
+    return float(0.5 ** (elapsed / settings.half_life))
+
+
+def update_candidate(
+    profile: CandidateProfile, obs: CandidateObservation, settings: ProfileSettings
+) -> CandidateProfile:
+    """Fold one member outcome into its candidate's profile (spec §2 choices hold:
+    failures do not touch the Beta posterior; they count towards f_int or ℓ_net)."""
+    w = decay_weight(settings, profile.last_seen_s, obs.at_s)
+    alpha = PRIOR_ALPHA + (profile.alpha - PRIOR_ALPHA) * w
+    beta = PRIOR_BETA + (profile.beta - PRIOR_BETA) * w
+    quality = profile.quality.scaled(w)
+    if obs.failure is None and obs.quality is not None:
+        q = min(1.0, max(0.0, obs.quality))
+        alpha += q
+        beta += 1.0 - q
+        quality = profile.quality.add(q, w)
+    latency = profile.latency.scaled(w)
+    recent = profile.recent_latency_s
+    if obs.proc_latency_s is not None and obs.failure is None:
+        latency = profile.latency.add(obs.proc_latency_s, w)
+        recent = (*recent, obs.proc_latency_s)[-settings.latency_window :]
+    tokens_out = profile.tokens_out.scaled(w)
+    if obs.failure is None:
+        tokens_out = profile.tokens_out.add(float(obs.tokens_out), w)
+    return replace(
+        profile,
+        alpha=alpha,
+        beta=beta,
+        calls=profile.calls * w + 1.0,
+        delivered=profile.delivered * w + (1.0 if obs.delivered else 0.0),
+        successes=profile.successes * w + (1.0 if obs.failure is None else 0.0),
+        internal_failures=profile.internal_failures * w
+        + (1.0 if obs.failure is FailureKind.INTERNAL else 0.0),
+        network_failures=profile.network_failures * w
+        + (1.0 if obs.failure is FailureKind.NETWORK else 0.0),
+        deadline_failures=profile.deadline_failures * w
+        + (1.0 if obs.failure is FailureKind.DEADLINE else 0.0),
+        quality=quality,
+        latency=latency,
+        tokens_in=profile.tokens_in.add(float(obs.tokens_in), w),
+        tokens_out=tokens_out,
+        recent_latency_s=recent,
+        observations=profile.observations + 1,
+        last_seen_s=obs.at_s,
+    )
+
+
+def update_link(
+    profile: LinkProfile, obs: LinkObservation, settings: ProfileSettings
+) -> LinkProfile:
+    """Fold one transmission into a link profile. Lost transmissions count towards the
+    loss rate only; delivered ones also give a bandwidth observation bytes / transfer time.
+
+    The path delay is kept apart (``rtt``) on purpose: bytes / (transfer + path delay)
+    depends on the message size, so messages of different sizes would read as bandwidth
+    jitter and the κ-penalty of Eq. 7 would swamp every other term."""
+    w = decay_weight(settings, profile.last_seen_s, obs.at_s)
+    bandwidth = profile.bandwidth.scaled(w)
+    if not obs.lost and obs.t_transfer_s is not None and obs.t_transfer_s > 0:
+        bandwidth = profile.bandwidth.add(obs.bytes / obs.t_transfer_s, w)
+    rtt = profile.rtt.scaled(w)
+    if obs.rtt_s is not None and not obs.lost:
+        rtt = profile.rtt.add(obs.rtt_s, w)
+    return replace(
+        profile,
+        transmissions=profile.transmissions * w + 1.0,
+        losses=profile.losses * w + (1.0 if obs.lost else 0.0),
+        bandwidth=bandwidth,
+        rtt=rtt,
+        observations=profile.observations + 1,
+        last_seen_s=obs.at_s,
+    )
+
+
+def latency_percentile(profile: CandidateProfile, q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]) over the recent latency window."""
+    if not profile.recent_latency_s:
+        return None
+    ordered = sorted(profile.recent_latency_s)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]

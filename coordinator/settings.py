@@ -1,0 +1,53 @@
+"""Typed settings for every parameter of the method, with the paper's defaults (spec §6)."""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.enums import WinnerMode
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class PolicyParams(BaseModel):
+    """Hyperparameters of the dual-bound allocation rule (spec §2-§3, §6)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tau: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.9
+    lam: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.1  # λ, exploration
+    gamma: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.7  # γ, conservative margin
+    kappa: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 2.0  # κ, jitter penalty
+    eta: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.5  # η, latency discount
+    eps_b: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1e-6  # ε_B, bandwidth floor
+    eps_r: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1  # ε_R, reliability floor
+    r_cap: Annotated[float, Field(gt=0.0, le=1.0)] = 0.98  # ceiling on R⁻
+    # The paper's ablations switch these off (spec §7); the full method keeps both on.
+    use_env: bool = True
+    use_lcb: bool = True
+    winner_mode: WinnerMode = WinnerMode.RANKED
+
+
+class DecayUnit(StrEnum):
+    OBSERVATIONS = "observations"
+    SECONDS = "seconds"
+
+
+class ProfileSettings(BaseModel):
+    """How experience profiles forget (spec §5). half_life = inf is the paper."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    half_life: Annotated[float, Field(gt=0.0)] = math.inf
+    decay_unit: DecayUnit = DecayUnit.OBSERVATIONS
+    # How many recent latencies a profile keeps for percentiles: enough for a stable
+    # p95 (about 13 samples above it) while staying small enough to ship in a snapshot.
+    latency_window: Annotated[int, Field(ge=1, le=100_000)] = 256
+    # Cold-start processing latency when no candidate of the pool has data (spec §2 choice).
+    cold_t_proc_s: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
+    # Bytes per token, to turn expected output tokens into bytes to transmit.
+    bytes_per_token: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 4.0

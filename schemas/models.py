@@ -1,0 +1,149 @@
+"""Pydantic models for the wire format: candidates, links, invocations, decisions, traces."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from schemas.enums import FailureKind, LaunchMode, MemberStatus, StopReason, WinnerMode
+
+ZoneName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
+Identifier = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackendSpec(_Strict):
+    """How a worker reaches the model behind a candidate."""
+
+    kind: Annotated[str, Field(pattern=r"^(sim|http)$")] = "sim"
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class Candidate(_Strict):
+    """One concrete agent instance: role × model × zone (and its endpoint)."""
+
+    id: Identifier
+    role: Identifier
+    model: str = Field(min_length=1)
+    zone: ZoneName
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.0
+    failure_rate: Probability = 0.0
+    backend: BackendSpec = Field(default_factory=BackendSpec)
+
+
+class ZoneLink(_Strict):
+    """A logical link between two zones in simulator units (paper Table 5)."""
+
+    a: ZoneName
+    b: ZoneName
+    latency_ms: NonNegative
+    jitter_ms: NonNegative
+    bandwidth_tokens_per_ms: Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+    loss: Probability
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return link_key(self.a, self.b)
+
+
+def link_key(a: str, b: str) -> tuple[str, str]:
+    """Links are symmetric: one key for both directions."""
+    return (a, b) if a <= b else (b, a)
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    role: str = Field(min_length=1)
+    content: str
+
+
+class RoleInvocation(_Strict):
+    """e_t = (r_t, x_t) plus the caller's per-call settings."""
+
+    role: Identifier
+    payload: list[Message]
+    tau: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    deadline_s: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    launch_mode: LaunchMode | None = None
+    winner_mode: WinnerMode | None = None
+    idempotent: bool = True
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+
+class RankedCandidate(_Strict):
+    """One row of a decision's explanation, in U⁺ order."""
+
+    id: str
+    mu: float
+    sigma: float
+    rho: float
+    T_s: float
+    C: float
+    D: float
+    u_plus: float
+    r_minus: float
+    p_success_cum: float
+
+
+class HedgeDecision(_Strict):
+    members: list[str]
+    p_success: Probability
+    stop: StopReason
+    ranking: list[RankedCandidate] = Field(default_factory=list)
+
+
+class MemberTrace(_Strict):
+    """Everything harvested from one executed member (spec §5)."""
+
+    invocation_id: str
+    member_id: str
+    candidate_id: str
+    role: str
+    model: str
+    zone: ZoneName
+    caller_zone: ZoneName
+    rank: Annotated[int, Field(ge=0)]
+    u_plus: float
+    r_minus: float
+    started_at_s: NonNegative
+    finished_at_s: NonNegative
+    status: MemberStatus
+    failure_kind: FailureKind | None = None
+    failure_reason: str | None = None
+    success: bool
+    quality: Probability | None = None
+    latency_s: NonNegative
+    proc_latency_s: NonNegative | None = None
+    tokens_in: Annotated[int, Field(ge=0)] = 0
+    tokens_out: Annotated[int, Field(ge=0)] = 0
+    bytes_sent: Annotated[int, Field(ge=0)] = 0
+    rtt_s: NonNegative | None = None
+    bandwidth_Bps: NonNegative | None = None
+    lost: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MemberTrace:
+        if self.finished_at_s < self.started_at_s:
+            raise ValueError(
+                f"finished_at_s={self.finished_at_s} is before started_at_s={self.started_at_s}"
+            )
+        if self.success != (self.status is MemberStatus.SUCCEEDED):
+            raise ValueError(f"success={self.success} contradicts status={self.status.value}")
+        if self.status is not MemberStatus.SUCCEEDED and self.failure_kind is None:
+            raise ValueError(f"status={self.status.value} needs a failure_kind")
+        return self
+
+    @field_validator("u_plus", "r_minus")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if math.isnan(v):
+            raise ValueError("must be a number, got NaN")
+        return v

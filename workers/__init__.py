@@ -1,0 +1,1 @@
+"""HACO workers: member execution, LLM backends, simulated backends and network."""

@@ -1,0 +1,1 @@
+"""Simulated candidates, network and workflow: the whole system in virtual time."""
