@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit schemas bench clean
+.PHONY: demo test lint typecheck unit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(BIN)/haco demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check coordinator workers schemas tests bench
-	$(BIN)/ruff format --check coordinator workers schemas tests bench
+	$(BIN)/ruff check coordinator workers schemas tests
+	$(BIN)/ruff format --check coordinator workers schemas tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -28,8 +28,7 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 bench: $(STAMP)
-	$(BIN)/python bench/decision_time.py
-	$(BIN)/haco bench paper --out docs/paper
+	bench/run.sh $(BIN)/haco
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

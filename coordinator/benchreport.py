@@ -40,7 +40,9 @@ def analytic_fixed_zone(scenario: Scenario) -> dict[str, float]:
     return out
 
 
-def derive(cfg: BenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def derive(
+    cfg: BenchConfig, rows: list[dict[str, Any]], sweep_rows: list[dict[str, Any]]
+) -> dict[str, Any]:
     base = cfg.scenarios[0]
     figs: dict[str, Any] = {"base_scenario": base.name}
     fixed = {}
@@ -71,7 +73,7 @@ def derive(cfg: BenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
     figs["degradations"] = _degradations(cfg, rows)
     sweep = []
     for tau in cfg.taus:
-        row = _find(rows, base.name, SWEEP_METHOD, tau)
+        row = _find(sweep_rows, base.name, SWEEP_METHOD, tau)
         if row:
             sweep.append(
                 {
@@ -84,6 +86,7 @@ def derive(cfg: BenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any]:
             )
     sweep.sort(key=lambda p: p["tau"])
     figs["tau_sweep"] = {
+        "seeds": cfg.sweep_seeds,
         "points": sweep,
         "failure_non_increasing": _monotone([p["all_failed_pct"] for p in sweep], False),
         "tokens_non_decreasing": _monotone([p["tokens_k_per_task"] for p in sweep], True),
@@ -159,10 +162,10 @@ def results_table(report: dict[str, Any], console: Console) -> None:
             f"{r['latency_s_per_task']:.1f}",
             f"{r['mean_hedge_size']:.2f}",
         )
-    console.print(table, width=max(console.width, 150))
+    console.print(table)
     sweep = report["figures"]["tau_sweep"]
     if sweep["points"]:
-        t2 = Table(title="τ sweep (HACO, base scenario)")
+        t2 = Table(title=f"τ sweep (HACO, base scenario, seeds {sweep['seeds']})")
         for col in ("τ", "all-failed %", "tokens k/task", "hedge size", "score"):
             t2.add_column(col, justify="right")
         for p in sweep["points"]:
@@ -173,5 +176,5 @@ def results_table(report: dict[str, Any], console: Console) -> None:
                 f"{p['mean_hedge_size']:.2f}",
                 f"{p['avg_score']:.1f}",
             )
-        console.print(t2, width=max(console.width, 150))
+        console.print(t2)
     console.print(f"wall time {report['wall_time_s']:.1f} s for {report['config']['runs']} runs")

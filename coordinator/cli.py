@@ -35,13 +35,15 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(scenarios_app, name="scenarios")
 app.add_typer(schemas_app, name="schemas")
 
+PIPE_WIDTH = 150  # rich assumes 80 columns on a pipe, which truncates the wide tables
 out = Console()
-err = Console(stderr=True)
-TABLE_MIN_WIDTH = 150  # wide tables stay readable when stderr is a pipe (rich assumes 80)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else PIPE_WIDTH)
 
 
 def show(renderable: Any) -> None:
-    err.print(renderable, width=max(err.width, TABLE_MIN_WIDTH))
+    err.print(renderable)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -120,7 +122,10 @@ def bench_paper_cmd(
     seed: Annotated[int, typer.Option(help="First seed")] = 0,
     seeds: Annotated[int, typer.Option(help="How many seeds, from --seed on")] = 3,
     tau: Annotated[float, typer.Option(help="τ of the main runs")] = 0.9,
-    taus: Annotated[str, typer.Option(help="τ values of the sweep")] = "0.7,0.8,0.9,0.95",
+    taus: Annotated[str, typer.Option(help="τ values of the sweep ('' = no sweep)")] = (
+        "0.7,0.8,0.9,0.95"
+    ),
+    sweep_seeds: Annotated[int, typer.Option(help="Seeds of the τ sweep, from --seed on")] = 10,
     half_life: Annotated[
         float, typer.Option(help="Profile decay half-life (observations)")
     ] = math.inf,
@@ -133,8 +138,8 @@ def bench_paper_cmd(
 ) -> None:
     """Methods × scenarios × seeds in the simulator; every metric of spec §11."""
 
-    if seeds < 1:
-        raise InputError(f"--seeds={seeds}; expected at least 1")
+    if seeds < 1 or sweep_seeds < 1:
+        raise InputError(f"--seeds={seeds}, --sweep-seeds={sweep_seeds}; expected at least 1")
     if half_life <= 0:
         raise InputError(
             f"--half-life={half_life}; expected a positive number (inf = never forget)"
@@ -151,6 +156,7 @@ def bench_paper_cmd(
         seeds=list(range(seed, seed + (1 if quick else seeds))),
         tau=tau,
         taus=_parse_list(taus, "taus", float),
+        sweep_seeds=list(range(seed, seed + (1 if quick else sweep_seeds))),
         tasks=100 if quick and tasks is None else tasks,
         half_life=half_life,
         workers=workers,
@@ -254,6 +260,7 @@ def demo() -> None:
         seeds=1,
         tau=0.9,
         taus="0.7,0.8,0.9,0.95",
+        sweep_seeds=1,
         half_life=math.inf,
         workers=0,
         json_path=None,

@@ -70,21 +70,28 @@ def validate(stats: CandidateArrays) -> None:
         raise PolicyError("the candidate pool is empty; expected at least one candidate")
     for name in _FIELDS:
         arr: FloatArray = getattr(stats, name)
-        bad = np.flatnonzero(np.isnan(arr) | (arr < 0))
+        # Only bandwidth may be infinite (a link that costs no transfer time).
+        finite = np.isfinite(arr) if name != "bandwidth_Bps" else ~np.isnan(arr)
+        bad = np.flatnonzero(~finite | (arr < 0))
         if bad.size:
             raise PolicyError(
-                f"{name}[{int(bad[0])}] = {arr[bad[0]]!r}; expected a non-negative number"
+                f"{name}[{int(bad[0])}] = {float(arr[bad[0]])!r}; "
+                "expected a finite non-negative number"
             )
     for name in ("alpha", "beta"):
         arr = getattr(stats, name)
         bad = np.flatnonzero(~np.isfinite(arr) | (arr <= 0))
         if bad.size:
-            raise PolicyError(f"{name}[{int(bad[0])}] = {arr[bad[0]]!r}; expected > 0 and finite")
+            raise PolicyError(
+                f"{name}[{int(bad[0])}] = {float(arr[bad[0]])!r}; expected > 0 and finite"
+            )
     for name in ("f_int", "loss"):
         arr = getattr(stats, name)
         bad = np.flatnonzero(arr > 1)
         if bad.size:
-            raise PolicyError(f"{name}[{int(bad[0])}] = {arr[bad[0]]!r}; expected a rate in [0, 1]")
+            raise PolicyError(
+                f"{name}[{int(bad[0])}] = {float(arr[bad[0]])!r}; expected a rate in [0, 1]"
+            )
 
 
 @dataclass(frozen=True, slots=True)

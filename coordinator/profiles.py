@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from coordinator.errors import InputError
 from coordinator.settings import DecayUnit, ProfileSettings
 from schemas.enums import FailureKind
 
@@ -58,6 +59,20 @@ class CandidateObservation:
     proc_latency_s: float | None = None
     tokens_in: int = 0
     tokens_out: int = 0
+
+    def __post_init__(self) -> None:
+        if self.failure is FailureKind.INTERNAL and not self.delivered:
+            # f_int = internal failures / delivered calls: an internal failure of a call
+            # the service never received would push it above 1.
+            raise InputError("an internal failure needs delivered=True: the service saw the call")
+        if self.quality is not None and not 0.0 <= self.quality <= 1.0:
+            raise InputError(f"quality={self.quality!r}; expected a judged score in [0, 1]")
+        if self.proc_latency_s is not None and not self.proc_latency_s >= 0.0:
+            raise InputError(f"proc_latency_s={self.proc_latency_s!r}; expected >= 0")
+        if self.tokens_in < 0 or self.tokens_out < 0:
+            raise InputError(
+                f"tokens_in={self.tokens_in}, tokens_out={self.tokens_out}; expected >= 0"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +156,9 @@ def update_candidate(
     beta = PRIOR_BETA + (profile.beta - PRIOR_BETA) * w
     quality = profile.quality.scaled(w)
     if obs.failure is None and obs.quality is not None:
-        q = min(1.0, max(0.0, obs.quality))
-        alpha += q
-        beta += 1.0 - q
-        quality = profile.quality.add(q, w)
+        alpha += obs.quality
+        beta += 1.0 - obs.quality
+        quality = profile.quality.add(obs.quality, w)
     latency = profile.latency.scaled(w)
     recent = profile.recent_latency_s
     if obs.proc_latency_s is not None and obs.failure is None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from functools import reduce
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coordinator.errors import InputError
 from coordinator.profiles import (
     CandidateObservation,
     CandidateProfile,
@@ -80,10 +80,16 @@ def test_soft_counts_sum_the_qualities(qualities: list[float]) -> None:
     assert prof.alpha + prof.beta == pytest.approx(2.0 + len(qualities))
 
 
-def test_quality_outside_unit_interval_is_clamped() -> None:
-    prof = fold([success(q=1.5), success(q=-0.5)])
-    assert prof.alpha == pytest.approx(2.0)
-    assert prof.beta == pytest.approx(2.0)
+@pytest.mark.parametrize("q", [1.5, -0.5, math.nan])
+def test_quality_outside_unit_interval_is_rejected(q: float) -> None:
+    with pytest.raises(InputError, match="quality"):
+        success(q=q)
+
+
+def test_internal_failure_of_an_undelivered_call_is_rejected() -> None:
+    # f_int = internal failures / delivered calls would exceed 1.
+    with pytest.raises(InputError, match="delivered"):
+        CandidateObservation(at_s=0.0, delivered=False, failure=FailureKind.INTERNAL)
 
 
 def test_failures_do_not_touch_the_posterior() -> None:
@@ -234,18 +240,35 @@ def test_link_decays_by_seconds() -> None:
 
 # ---------------------------------------------------------------- determinism
 
-observation_st = st.builds(
-    CandidateObservation,
-    at_s=st.floats(0.0, 1e4),
-    delivered=st.booleans(),
-    failure=st.one_of(st.none(), st.sampled_from(list(FailureKind))),
-    quality=st.one_of(st.none(), st.floats(0.0, 1.0)),
-    proc_latency_s=st.one_of(st.none(), st.floats(0.0, 100.0)),
-    tokens_in=st.integers(0, 10_000),
-    tokens_out=st.integers(0, 10_000),
-).map(
+
+def _observation(
+    at_s: float,
+    delivered: bool,
+    failure: FailureKind | None,
+    quality: float | None,
+    proc: float | None,
+    tokens: tuple[int, int],
+) -> CandidateObservation:
     # The service can only fail internally on a call it actually received.
-    lambda o: replace(o, delivered=True) if o.failure is FailureKind.INTERNAL else o
+    return CandidateObservation(
+        at_s=at_s,
+        delivered=delivered or failure is FailureKind.INTERNAL,
+        failure=failure,
+        quality=quality,
+        proc_latency_s=proc,
+        tokens_in=tokens[0],
+        tokens_out=tokens[1],
+    )
+
+
+observation_st = st.builds(
+    _observation,
+    st.floats(0.0, 1e4),
+    st.booleans(),
+    st.one_of(st.none(), st.sampled_from(list(FailureKind))),
+    st.one_of(st.none(), st.floats(0.0, 1.0)),
+    st.one_of(st.none(), st.floats(0.0, 100.0)),
+    st.tuples(st.integers(0, 10_000), st.integers(0, 10_000)),
 )
 settings_st = st.builds(
     ProfileSettings,

@@ -48,10 +48,11 @@ def load_trace(path: str) -> TraceSamples:
     err: list[bool] = []
     for i, row in enumerate(rows):
         value = row.get("end_to_end_latency_s") if isinstance(row, dict) else None
-        if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        # Errored requests may report 0 s (they failed at once); nothing may be negative.
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             raise ScenarioError(
                 f"latency trace {path!r}: row {i} end_to_end_latency_s={value!r}; "
-                "expected a positive number"
+                "expected a non-negative number of seconds"
             )
         code = row.get("error_code")
         lat.append(float(value))

@@ -2,8 +2,9 @@
 
 A file may say ``extends = "overall.toml"`` (relative to itself): the base is loaded
 first and the file's tables are merged over it key by key; arrays (``candidates``,
-``links``, ``changes`` …) are replaced whole. Trace files named by a latency model are
-resolved relative to the file that names them.
+``links``, ``changes`` …) are replaced whole, and so is a table whose ``kind`` differs
+from the base's (a trace latency model replacing a lognormal one). Trace files named
+by a latency model are resolved relative to the file that names them.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ def builtin_path(name: str) -> Path:
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+        old = out.get(key)
+        # A table naming another ``kind`` is another variant: it replaces, not merges.
+        if (
+            isinstance(value, dict)
+            and isinstance(old, dict)
+            and value.get("kind", old.get("kind")) == old.get("kind")
+        ):
+            out[key] = _merge(old, value)
         else:
             out[key] = value
     return out
