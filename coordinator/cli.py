@@ -2,73 +2,38 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
 from coordinator.benchreport import results_table
+from coordinator.cli_common import (
+    app,
+    bench_app,
+    clean_errors,
+    err,
+    out,
+    read_input,
+    scenarios_app,
+    schemas_app,
+    show,
+)
+from coordinator.cli_ops import register_ops
 from coordinator.decisionbench import bench_decision
-from coordinator.errors import HacoError, InputError
+from coordinator.errors import InputError
 from coordinator.paperbench import BenchConfig, bench_paper, plan_jobs, write_json
 from coordinator.plan import parse_request
 from coordinator.plan import plan as run_plan
 from coordinator.plots import write_plots
 from schemas.export import drift, export
 from workers.sim.scenario import BUILTIN, builtin_path, load_builtin, load_scenario
-
-app = typer.Typer(
-    help="HACO: reliability-targeted hedging for LLM agent fleets.", no_args_is_help=True
-)
-bench_app = typer.Typer(help="Benchmarks that print JSON and a table.", no_args_is_help=True)
-scenarios_app = typer.Typer(help="Simulator scenario files.", no_args_is_help=True)
-schemas_app = typer.Typer(help="Exported JSON Schemas of the message models.", no_args_is_help=True)
-app.add_typer(bench_app, name="bench")
-app.add_typer(scenarios_app, name="scenarios")
-app.add_typer(schemas_app, name="schemas")
-
-PIPE_WIDTH = 150  # rich assumes 80 columns on a pipe, which truncates the wide tables
-out = Console()
-err = Console(stderr=True, width=None if sys.stderr.isatty() else PIPE_WIDTH)
-
-
-def show(renderable: Any) -> None:
-    err.print(renderable)
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def clean_errors(fn: F) -> F:
-    """Turn HACO errors into a one-line message and exit status 2, never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except HacoError as exc:
-            for line in str(exc).splitlines():
-                err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
-            raise typer.Exit(code=2) from exc
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _read_input(source: str) -> tuple[str, str]:
-    if source == "-":
-        return sys.stdin.read(), "stdin"
-    try:
-        return Path(source).read_text(encoding="utf-8"), source
-    except OSError as exc:
-        raise InputError(f"cannot read {source!r}: {exc.strerror or exc}") from exc
+from workers.sim.world import SimWorld
 
 
 @app.command()
@@ -79,7 +44,7 @@ def plan(
 ) -> None:
     """Why these candidates? Run the allocation rule on given statistics and explain it."""
 
-    text, name = _read_input(source)
+    text, name = read_input(source)
     decision = run_plan(parse_request(text, name))
     if table:
         t = Table(
@@ -225,6 +190,7 @@ def scenarios_validate(path: Annotated[Path, typer.Argument(help="Scenario TOML"
     """Load a scenario file and report what it describes, or every problem in it."""
 
     s = load_scenario(path)
+    SimWorld(s)  # loads every model, so a missing or malformed trace file is reported too
     out.print(
         f"{s.name}: {len(s.candidates)} candidates in roles {s.roles}, zones {s.zones}, "
         f"{len(s.links)} links, {len(s.changes)} timed changes, {s.workload.tasks} tasks"
@@ -269,5 +235,12 @@ def demo() -> None:
     )
 
 
+register_ops(app)
+
+
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -5,8 +5,16 @@
     HacoError
     ├── InputError              bad input at a boundary (API, CLI, files, payloads)
     │   ├── ScenarioError       a scenario or pool file that does not describe a valid world
-    │   └── PlanInputError      a `haco plan` request that cannot be planned
-    └── PolicyError             the allocation rule was asked something it cannot answer
+    │   ├── PlanInputError      a `haco plan` request that cannot be planned
+    │   ├── ConfigError         a pool config that is not valid
+    │   └── UnknownZoneError    a zone or role that the pool config does not define
+    ├── PolicyError             the allocation rule was asked something it cannot answer
+    ├── StoreError              a shared-state backend (Redis) failed
+    ├── ServiceError            an embedded service (Redis) cannot be started or stopped
+    └── HedgeError              an invocation ended without a result
+        ├── AllFailedError      every member failed; ``failures`` has each one's reason
+        ├── DeadlineError       the deadline passed before any member succeeded
+        └── NotIdempotentError  hedging was demanded for a call with side effects
 
 Messages name the bad value and what was expected, so the CLI can print them as they are
 and exit with status 2.
@@ -31,8 +39,62 @@ class PlanInputError(InputError):
     """A `haco plan` request that cannot be planned."""
 
 
+class ConfigError(InputError):
+    """A pool config that is not valid."""
+
+
+class UnknownZoneError(InputError):
+    """A zone or role the pool config does not define (never an orphan queue)."""
+
+
 class PolicyError(HacoError):
     """The allocation rule was called with arguments it cannot decide on."""
+
+
+class StoreError(HacoError):
+    """A shared-state backend failed (connection, timeout, script or data error); raised
+    at the boundary with ``raise StoreError(...) from exc``."""
+
+
+class ServiceError(HacoError):
+    """An embedded service (the valkey-server HACO runs when no Redis is configured) cannot
+    be started, found or stopped; raised ``from`` the OSError, subprocess or redis error,
+    with a message naming what failed (binary, port, state dir)."""
+
+
+class HedgeError(HacoError):
+    """An invocation ended without a result. ``group_id`` names the hedge group."""
+
+    def __init__(self, message: str, group_id: str | None = None) -> None:
+        super().__init__(message)
+        self.group_id = group_id
+
+
+class AllFailedError(HedgeError):
+    """Every member failed. ``failures`` maps member id to its reason."""
+
+    def __init__(self, group_id: str, failures: dict[str, str]) -> None:
+        reasons = "; ".join(f"{m}: {r}" for m, r in failures.items())
+        super().__init__(
+            f"all {len(failures)} members of group {group_id} failed: {reasons}", group_id
+        )
+        self.failures = failures
+
+
+class DeadlineError(HedgeError):
+    """The group's deadline passed before any member succeeded."""
+
+    def __init__(self, group_id: str, deadline_s: float, failures: dict[str, str]) -> None:
+        reasons = "; ".join(f"{m}: {r}" for m, r in failures.items())
+        super().__init__(
+            f"group {group_id} had no success within deadline_s={deadline_s}: {reasons}", group_id
+        )
+        self.deadline_s = deadline_s
+        self.failures = failures
+
+
+class NotIdempotentError(HedgeError):
+    """Hedging was demanded for an invocation not marked idempotent."""
 
 
 def describe_validation_error(exc: Exception, source: str) -> str:

@@ -22,7 +22,7 @@ from coordinator.benchreport import SWEEP_METHOD, derive
 from coordinator.errors import InputError
 from coordinator.settings import PolicyParams, ProfileSettings
 from schemas.scenario import Scenario
-from workers.sim.runner import RunResult, method_names, run
+from workers.sim.runner import RunResult, check_workflow_roles, method_names, run
 
 DEFAULT_TAUS = (0.70, 0.80, 0.90, 0.95)
 
@@ -72,6 +72,7 @@ class BenchConfig:
         if len(names) != len(self.scenarios):
             raise InputError(f"scenario names repeat: {[s.name for s in self.scenarios]}")
         for s in self.scenarios:
+            check_workflow_roles(s)
             known = method_names(s)
             for m in self.methods or []:
                 if m not in known:

@@ -28,10 +28,22 @@ class StopReason(StrEnum):
 
 
 class MemberStatus(StrEnum):
+    QUEUED = "queued"  # enqueued on its zone's queue, not yet picked up
+    RUNNING = "running"  # a worker is calling the backend
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
+
+
+class GroupState(StrEnum):
+    """Lifecycle of a hedge group in the coordinator."""
+
+    PLANNED = "planned"  # members chosen, nothing launched yet
+    RUNNING = "running"  # at least one member launched, no verdict yet
+    WON = "won"  # a winner was declared
+    ALL_FAILED = "all_failed"  # every member failed
+    DEADLINE = "deadline"  # the deadline passed with no success
 
 
 class FailureKind(StrEnum):

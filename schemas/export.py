@@ -11,7 +11,16 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from schemas.models import Candidate, HedgeDecision, MemberTrace, RoleInvocation, ZoneLink
+from schemas.models import (
+    Candidate,
+    HedgeDecision,
+    MemberReport,
+    MemberTask,
+    MemberTrace,
+    RoleInvocation,
+    ZoneLink,
+)
+from schemas.pool import PoolConfig
 from schemas.scenario import Scenario
 
 MODELS: dict[str, type[BaseModel]] = {
@@ -21,6 +30,9 @@ MODELS: dict[str, type[BaseModel]] = {
     "hedge_decision": HedgeDecision,
     "member_trace": MemberTrace,
     "scenario": Scenario,
+    "pool_config": PoolConfig,
+    "member_task": MemberTask,
+    "member_report": MemberReport,
 }
 
 JSON_DIR = Path(__file__).resolve().parent / "json"

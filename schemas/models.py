@@ -76,6 +76,9 @@ class RoleInvocation(_Strict):
     winner_mode: WinnerMode | None = None
     idempotent: bool = True
     idempotency_key: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    # The caller insists on more than one member: a non-idempotent call is then rejected
+    # instead of being narrowed to a single candidate.
+    require_hedge: bool = False
 
 
 class RankedCandidate(_Strict):
@@ -113,6 +116,7 @@ class MemberTrace(_Strict):
     rank: Annotated[int, Field(ge=0)]
     u_plus: float
     r_minus: float
+    group_id: str = ""
     started_at_s: NonNegative
     finished_at_s: NonNegative
     status: MemberStatus
@@ -147,3 +151,27 @@ class MemberTrace(_Strict):
         if math.isnan(v):
             raise ValueError("must be a number, got NaN")
         return v
+
+
+class MemberTask(_Strict):
+    """The payload of one member task on a zone queue."""
+
+    group_id: str = Field(min_length=1, max_length=64)
+    member_id: str = Field(min_length=1, max_length=96)
+    rank: Annotated[int, Field(ge=0)]
+    candidate: Candidate
+    caller_zone: ZoneName
+    payload: list[Message]
+    deadline_at_s: NonNegative  # epoch seconds; a member does not start after it
+    enqueued_at_s: NonNegative
+    u_plus: float = 0.0
+    r_minus: float = 0.0
+    idempotency_key: str | None = None
+    sim_seed: int | None = None  # simulated backends only: fixes the draw (tests, demo)
+
+
+class MemberReport(_Strict):
+    """What a member sends back on its group's reply list and appends to the trace stream."""
+
+    trace: MemberTrace
+    output: str | None = None

@@ -226,12 +226,12 @@ def _check_links(s: Scenario) -> None:
         if link.key in keys:
             raise ValueError(f"duplicate link {link.a}-{link.b}")
         keys.add(link.key)
-    for c in s.candidates:
-        key = tuple(sorted((s.caller_zone, c.zone)))
-        if key not in keys:
+    users = [(f"candidate {c.id!r}", c.zone) for c in s.candidates]
+    users += [(f"fixed_zone {f.name!r}", f.zone) for f in s.fixed_zone]
+    for who, zone in users:
+        if link_key(s.caller_zone, zone) not in keys:
             raise ValueError(
-                f"no link between caller zone {s.caller_zone!r} and {c.zone!r} "
-                f"(needed by candidate {c.id!r})"
+                f"no link between caller zone {s.caller_zone!r} and {zone!r} (needed by {who})"
             )
 
 

@@ -14,10 +14,20 @@ from coordinator.settings import PolicyParams, ProfileSettings
 from schemas.models import Candidate
 from schemas.scenario import Scenario
 from workers.sim.engine import InvocationRecord, Simulation
-from workers.sim.workflow import TaskOutcome, datawise_task
+from workers.sim.workflow import ROLE_OF, TaskOutcome, datawise_task
 from workers.sim.world import SimWorld
 
 HACO_VARIANTS = ("haco", "haco-wo_env", "haco-wo_ucb", "haco-wo_lcb")
+
+
+def check_workflow_roles(scenario: Scenario) -> None:
+    """The DATAWISE workflow invokes four roles; a pool missing one cannot run it."""
+    missing = sorted(set(ROLE_OF.values()) - set(scenario.roles))
+    if missing:
+        raise InputError(
+            f"scenario {scenario.name!r} has no candidate for roles {missing}; the workflow "
+            f"needs {sorted(set(ROLE_OF.values()))}"
+        )
 
 
 def method_names(scenario: Scenario) -> list[str]:
@@ -165,6 +175,7 @@ def run(
     n_tasks = tasks if tasks is not None else scenario.workload.tasks
     if n_tasks < 1:
         raise InputError(f"tasks={n_tasks}; expected at least 1")
+    check_workflow_roles(scenario)
     world = SimWorld(scenario)
     impl = build_method(method, scenario, params)
     pools = pools_for(method, scenario, world)

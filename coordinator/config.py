@@ -1,0 +1,73 @@
+"""Runtime settings, read from ``HACO_*`` environment variables (pydantic-settings).
+
+Every timeout, TTL and rate of the distributed runtime is here with its default; the
+method's own parameters live in :mod:`coordinator.settings`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.enums import LaunchMode, WinnerMode
+
+Seconds = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+
+
+class HacoSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HACO_", extra="ignore", frozen=True)
+
+    # Services. Unset URLs mean: use the embedded servers under ``state_dir``.
+    redis_url: str | None = None
+    database_url: str | None = None
+    state_dir: Path = Path(".haco")
+    pool_file: Path | None = None  # pool config TOML; None = the paper's simulated pool
+
+    # Hedge groups.
+    default_deadline_s: Seconds = 60.0
+    launch_mode: LaunchMode = LaunchMode.PARALLEL
+    winner_mode: WinnerMode = WinnerMode.RANKED
+    # Keep losers running after a winner so their traces feed the profiles (the paper);
+    # False cancels them to save cost.
+    cancel_losers: bool = False
+    # How often a running member checks its group's cancel flag. Bounds how long a
+    # cancelled member keeps spending after the winner.
+    cancel_poll_s: Seconds = 0.005
+    # Group keys outlive the group by this much, so late members can still see that
+    # their group is resolved or cancelled and reports can be read for harvesting.
+    group_ttl_s: Seconds = 600.0
+
+    # Staggered launch: the hedge delay is this percentile of the role's recent
+    # completions, over this many completions; until the window has min_samples, the
+    # delay is initial_hedge_delay_s.
+    hedge_delay_percentile: Annotated[float, Field(gt=0.0, lt=100.0)] = 95.0
+    hedge_delay_window: Annotated[int, Field(ge=1, le=100_000)] = 500
+    hedge_delay_min_samples: Annotated[int, Field(ge=1)] = 20
+    initial_hedge_delay_s: Seconds = 1.0
+
+    # Fleet-wide hedge budget: a token bucket in Redis. Every invocation earns
+    # ``budget_ratio`` tokens (up to ``budget_burst``); a backup costs one. Tokens are
+    # also metered: ``budget_tokens_per_s`` LLM tokens per second may go to backups.
+    budget_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
+    budget_burst: Annotated[float, Field(ge=0.0)] = 10.0
+    budget_tokens_per_s: Annotated[float, Field(ge=0.0)] = 50_000.0
+    budget_tokens_burst: Annotated[float, Field(ge=0.0)] = 500_000.0
+    budget_ttl_s: Seconds = 86_400.0
+
+    # Idempotency keys are remembered this long.
+    idempotency_ttl_s: Seconds = 86_400.0
+    # The trace stream (harvested into Postgres by the harvester) is capped and expires
+    # if nothing writes to it for this long.
+    trace_stream_maxlen: Annotated[int, Field(ge=1000)] = 1_000_000
+    trace_stream_ttl_s: Seconds = 7 * 86_400.0
+    profile_ttl_s: Seconds = 30 * 86_400.0
+
+    # Celery. The broker's visibility timeout must exceed the longest deadline, or a
+    # slow unacknowledged member would be redelivered to a second worker.
+    visibility_timeout_s: Seconds = 3_600.0
+    worker_concurrency: Annotated[int, Field(ge=1, le=1024)] = 16
+    # Simulated backends run in real time scaled by this factor (0.01 = 100× faster).
+    sim_time_scale: Annotated[float, Field(gt=0.0, le=100.0)] = 0.02

@@ -1,0 +1,78 @@
+"""Every Redis key HACO writes, in one place, each with the TTL it is written with.
+
+All keys live under the ``haco:`` prefix in the application database; Celery's broker
+uses a separate database (:data:`BROKER_DB`) because kombu's queue and binding keys are
+its own and never expire. Every key below is written with an expiry, so a run leaves
+nothing behind that lives forever.
+"""
+
+from __future__ import annotations
+
+PREFIX = "haco"
+APP_DB = 0
+BROKER_DB = 1  # kombu's lists and sets: not ours, not expiring, kept apart
+
+
+def group_state(group_id: str) -> str:
+    """String: "open" while members may run, "resolved" once a winner or all-failed is
+    known, "cancelled" when remaining members must stop. Missing = the group is gone
+    (expired or never existed): a member that finds no state must not run.
+    TTL: settings.group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:state"
+
+
+def group_replies(group_id: str) -> str:
+    """List: members LPUSH their outcome; the coordinator BRPOPs. TTL: group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:replies"
+
+
+def group_winner(group_id: str) -> str:
+    """String, SET NX: the member id that won, so exactly one winner is ever declared.
+    TTL: group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:winner"
+
+
+def idempotency(key: str) -> str:
+    """String, SET NX: the member that committed the side effect. TTL: idempotency_ttl_s."""
+    return f"{PREFIX}:idem:{key}"
+
+
+def candidate_profile(candidate_id: str) -> str:
+    """String (JSON): the online candidate profile. TTL: profile_ttl_s, refreshed on write."""
+    return f"{PREFIX}:prof:cand:{candidate_id}"
+
+
+def link_profile(link_id: str) -> str:
+    """String (JSON): the online link profile. TTL: profile_ttl_s, refreshed on write."""
+    return f"{PREFIX}:prof:link:{link_id}"
+
+
+def hedge_delay_window(role: str) -> str:
+    """List of recent completion latencies (seconds) of a role, newest first, trimmed to
+    settings.hedge_delay_window. TTL: profile_ttl_s, refreshed on write."""
+    return f"{PREFIX}:delay:{role}"
+
+
+BUDGET = f"{PREFIX}:budget"
+"""Hash: the fleet-wide hedge budget's two token buckets (see coordinator.budget): fields
+``req`` (request-tokens), ``llm`` (LLM tokens), ``ts`` (last LLM refill, epoch seconds),
+``exhausted`` and ``spent`` (counters). Missing = both buckets full.
+TTL: budget_ttl_s, refreshed on every write (earn and every spend attempt)."""
+
+TRACES = f"{PREFIX}:traces"
+"""Stream: one entry per executed member, harvested into Postgres. Capped at
+trace_stream_maxlen; TTL trace_stream_ttl_s, refreshed on every append."""
+
+METRICS = f"{PREFIX}:metrics"
+"""Hash of counters for operators (hedge rate, backup wins, budget exhaustion …).
+TTL: profile_ttl_s, refreshed on write."""
+
+SIM_FAULTS = f"{PREFIX}:sim:faults"
+"""Hash zone -> forced link loss for simulated backends (outage drills, the demo).
+TTL: group_ttl_s, refreshed when set; cleared by the drill that set it."""
+
+
+def sim_effects(key: str) -> str:
+    """Counter of side effects a simulated backend committed for an idempotency key (the
+    observable effect in tests). TTL: idempotency_ttl_s."""
+    return f"{PREFIX}:sim:effects:{key}"

@@ -1,0 +1,246 @@
+"""The embedded valkey-server: real processes, real sockets, no mocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from coordinator.config import HacoSettings
+from coordinator.embedded import EmbeddedRedis, discover, pidfile_path, resolve_redis_url
+from coordinator.errors import ServiceError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def servers() -> Iterator[list[EmbeddedRedis]]:
+    """Handles to stop at teardown, so a failing test never leaks a valkey-server."""
+    handles: list[EmbeddedRedis] = []
+    yield handles
+    for handle in handles:
+        handle.stop()
+
+
+def started(servers: list[EmbeddedRedis], state_dir: Path) -> EmbeddedRedis:
+    handle = EmbeddedRedis(state_dir)
+    servers.append(handle)
+    handle.start()
+    return handle
+
+
+def ping(url: str) -> bool:
+    with redis.Redis.from_url(url) as client:
+        return bool(client.ping())
+
+
+def gone(pid: int, timeout_s: float = 10.0) -> bool:
+    """True once ``pid`` no longer exists. A process that has exited stays visible as a
+    zombie until its parent reaps it, so poll rather than check once."""
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_pidfile(state_dir: Path, pid: int, port: int) -> Path:
+    path = pidfile_path(state_dir)
+    path.write_text(json.dumps({"pid": pid, "port": port, "url": f"redis://127.0.0.1:{port}/0"}))
+    return path
+
+
+def test_start_ping_pidfile_discover_stop(tmp_path: Path) -> None:
+    handle = EmbeddedRedis(tmp_path)
+    url = handle.start()
+    pid = handle.pid
+    assert pid is not None
+    try:
+        assert url.startswith("redis://127.0.0.1:")
+        assert ping(url)
+        with redis.Redis.from_url(url, decode_responses=True) as client:
+            assert client.set("k", "v")
+            assert client.get("k") == "v"
+            assert client.config_get("save") == {"save": ""}
+            assert client.config_get("appendonly") == {"appendonly": "no"}
+            assert client.config_get("dir")["dir"] == str(tmp_path / "redis")
+        record = json.loads(pidfile_path(tmp_path).read_text())
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        assert record == {"pid": pid, "port": port, "url": url}
+        assert discover(tmp_path) == url
+        assert (tmp_path / "redis" / "valkey.log").stat().st_size > 0
+    finally:
+        handle.stop()
+    with pytest.raises(ProcessLookupError):  # stop() reaped it: not even a zombie is left
+        os.kill(pid, 0)
+    assert not pidfile_path(tmp_path).exists()
+    assert discover(tmp_path) is None
+    assert not list((tmp_path / "redis").glob("*.rdb")) and not list(tmp_path.rglob("*.aof"))
+
+
+def test_stop_twice_and_stop_before_start_are_harmless(tmp_path: Path) -> None:
+    handle = EmbeddedRedis(tmp_path)
+    handle.stop()
+    handle.start()
+    handle.stop()
+    handle.stop()
+    assert handle.pid is None and handle.url is None
+    assert not pidfile_path(tmp_path).exists()
+
+
+def test_stop_kills_a_server_that_does_not_answer(tmp_path: Path) -> None:
+    # A stopped (SIGSTOP) server ignores SHUTDOWN and SIGTERM; SIGKILL is the last resort.
+    handle = EmbeddedRedis(tmp_path)
+    handle.start()
+    pid = handle.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    t0_s = time.monotonic()
+    handle.stop(timeout_s=0.3)
+    assert time.monotonic() - t0_s < 10.0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not pidfile_path(tmp_path).exists()
+
+
+def test_context_manager_starts_and_stops(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path) as handle:
+        assert handle.url is not None and ping(handle.url)
+        pid = handle.pid
+    assert pid is not None and gone(pid)
+    assert not pidfile_path(tmp_path).exists()
+
+
+def test_stale_pidfile_of_dead_process_is_cleared_at_start(
+    tmp_path: Path, servers: list[EmbeddedRedis]
+) -> None:
+    stale_pid = dead_pid()
+    write_pidfile(tmp_path, stale_pid, free_port())
+    handle = started(servers, tmp_path)
+    record = json.loads(pidfile_path(tmp_path).read_text())
+    assert record["pid"] == handle.pid != stale_pid
+    assert discover(tmp_path) == handle.url
+
+
+def test_stale_pidfile_of_live_non_server_is_cleared(tmp_path: Path) -> None:
+    # The pid is alive (this test process) but nothing answers PING at the URL.
+    path = write_pidfile(tmp_path, os.getpid(), free_port())
+    assert discover(tmp_path) is None
+    assert not path.exists()
+
+
+def test_stale_pidfile_naming_another_servers_port_is_cleared(
+    tmp_path: Path, servers: list[EmbeddedRedis]
+) -> None:
+    # A live server at the URL, but not the pid the pidfile names (a recycled pid or a
+    # reused port): not ours, so stale.
+    other = started(servers, tmp_path / "other")
+    assert other.url is not None
+    port = int(other.url.rsplit(":", 1)[1].split("/")[0])
+    path = write_pidfile(tmp_path, dead_pid(), port)
+    assert discover(tmp_path) is None
+    assert not path.exists()
+    assert other.url is not None and ping(other.url)
+
+
+def test_unreadable_pidfile_is_stale(tmp_path: Path) -> None:
+    path = pidfile_path(tmp_path)
+    path.write_text("{not json")
+    assert discover(tmp_path) is None
+    assert not path.exists()
+    assert discover(tmp_path / "missing") is None
+    assert not (tmp_path / "missing").exists()  # discover creates nothing
+
+
+def test_second_start_while_one_runs_raises(tmp_path: Path, servers: list[EmbeddedRedis]) -> None:
+    first = started(servers, tmp_path)
+    second = EmbeddedRedis(tmp_path)
+    with pytest.raises(ServiceError, match="already running") as info:
+        second.start()
+    assert str(first.url) in str(info.value) and f"pid {first.pid}" in str(info.value)
+    with pytest.raises(ServiceError, match="already started"):
+        first.start()
+    second.stop()  # never started: must not touch the first server or its pidfile
+    assert first.url is not None and ping(first.url)
+    assert discover(tmp_path) == first.url
+
+
+def test_resolve_uses_configured_url_without_starting(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    settings = HacoSettings(redis_url="redis://db.example:6380/2", state_dir=state_dir)
+    assert resolve_redis_url(settings) == ("redis://db.example:6380/2", None)
+    assert not state_dir.exists()
+
+
+def test_resolve_starts_one_then_shares_it(tmp_path: Path, servers: list[EmbeddedRedis]) -> None:
+    settings = HacoSettings(redis_url=None, state_dir=tmp_path)
+    url, handle = resolve_redis_url(settings)
+    assert handle is not None
+    servers.append(handle)
+    assert handle.url == url and ping(url)
+    assert resolve_redis_url(settings) == (url, None)  # found via the pidfile
+    handle.stop()
+    url2, handle2 = resolve_redis_url(HacoSettings(redis_url="", state_dir=tmp_path))
+    assert handle2 is not None  # an empty HACO_REDIS_URL counts as unset
+    servers.append(handle2)
+    assert ping(url2)
+
+
+def test_unusable_state_dir_is_a_service_error(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with pytest.raises(ServiceError, match="cannot use state dir") as info:
+        EmbeddedRedis(not_a_dir).start()
+    assert isinstance(info.value.__cause__, OSError)
+
+
+CHILD = """
+import atexit, json, sys
+from pathlib import Path
+from coordinator.embedded import EmbeddedRedis
+handle = EmbeddedRedis(Path(sys.argv[1]))
+url = handle.start()
+atexit.register(handle.stop)  # the documented pattern: the owner registers stop
+print(json.dumps({"pid": handle.pid, "url": url}), flush=True)
+"""
+
+
+def test_owner_process_exit_leaves_no_server(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    child = json.loads(done.stdout)
+    assert gone(child["pid"]), "valkey-server outlived the process that owned it"
+    assert not pidfile_path(tmp_path).exists()
+    assert discover(tmp_path) is None

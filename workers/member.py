@@ -1,0 +1,174 @@
+"""One member of a hedge group, from dequeue to report. Independent of Celery, so the
+same code runs in a Celery worker and in the in-process dispatcher.
+
+Order of work: check the group (a cancelled, resolved-and-cancelling or vanished group's
+member never starts; nor one past its deadline), run the backend with a cooperative
+cancel check, commit the side effect at most once per idempotency key, then report:
+the reply first (it is on the caller's critical path), then the shared profiles, the
+hedge-delay window and the trace stream (harvesting).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from coordinator.config import HacoSettings
+from coordinator.hedgedelay import DelayWindow
+from coordinator.profiles import CandidateObservation
+from coordinator.settings import ProfileSettings
+from coordinator.stats import link_id
+from coordinator.store import CANCELLED, RuntimeStore
+from schemas.enums import FailureKind, MemberStatus
+from schemas.models import MemberReport, MemberTask, MemberTrace
+from workers.backends.base import Backend, BackendResult
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class MemberContext:
+    """What a worker process needs to run members: shared state and backends."""
+
+    store: RuntimeStore
+    backends: Callable[[MemberTask], Backend]
+    settings: HacoSettings
+    delays: DelayWindow | None = None
+    profile_settings: ProfileSettings = field(default_factory=ProfileSettings)
+    clock: Clock = time.time
+
+
+def _not_started(task: MemberTask, kind: FailureKind, reason: str, now: float) -> MemberReport:
+    return _report(
+        task, BackendResult(kind, reason, delivered=False), now, now, MemberStatus.CANCELLED
+    )
+
+
+def _status(result: BackendResult) -> MemberStatus:
+    if result.failure is None:
+        return MemberStatus.SUCCEEDED
+    if result.failure in (FailureKind.CANCELLED,):
+        return MemberStatus.CANCELLED
+    if result.failure is FailureKind.DEADLINE:
+        return MemberStatus.TIMED_OUT
+    return MemberStatus.FAILED
+
+
+def _report(
+    task: MemberTask, res: BackendResult, started: float, finished: float, status: MemberStatus
+) -> MemberReport:
+    c = task.candidate
+    trace = MemberTrace(
+        invocation_id=task.group_id,
+        group_id=task.group_id,
+        member_id=task.member_id,
+        candidate_id=c.id,
+        role=c.role,
+        model=c.model,
+        zone=c.zone,
+        caller_zone=task.caller_zone,
+        rank=task.rank,
+        u_plus=task.u_plus,
+        r_minus=task.r_minus,
+        started_at_s=started,
+        finished_at_s=finished,
+        status=status,
+        failure_kind=res.failure,
+        failure_reason=res.reason,
+        success=status is MemberStatus.SUCCEEDED,
+        quality=res.quality,
+        latency_s=max(0.0, finished - task.enqueued_at_s),
+        proc_latency_s=res.proc_latency_s,
+        tokens_in=res.tokens_in,
+        tokens_out=res.tokens_out,
+        bytes_sent=res.bytes_sent,
+        rtt_s=res.rtt_s,
+        bandwidth_Bps=res.bandwidth_Bps,
+        lost=res.lost,
+    )
+    return MemberReport(
+        trace=trace, output=res.output if status is MemberStatus.SUCCEEDED else None
+    )
+
+
+def execute_member(task: MemberTask, ctx: MemberContext) -> MemberReport:
+    store, now = ctx.store, ctx.clock()
+    state = store.group_state(task.group_id)
+    if state is None or state == CANCELLED:
+        # Never started: the group is gone or cancelled. Its reply still goes back so a
+        # waiting coordinator knows; no profile learns from a call that did not happen.
+        report = _not_started(task, FailureKind.CANCELLED, f"group {state or 'gone'}", now)
+        _reply(task, report, ctx)
+        return report
+    if now > task.deadline_at_s:
+        report = _not_started(task, FailureKind.DEADLINE, "deadline passed before start", now)
+        _reply(task, report, ctx)
+        return report
+    backend = ctx.backends(task)
+    result = backend.call(task, lambda: store.group_state(task.group_id) == CANCELLED)
+    result = _commit_once(task, backend, result, ctx)
+    finished = ctx.clock()
+    report = _report(task, result, now, finished, _status(result))
+    _reply(task, report, ctx)
+    _harvest(task, result, report, ctx)
+    return report
+
+
+def _commit_once(
+    task: MemberTask, backend: Backend, result: BackendResult, ctx: MemberContext
+) -> BackendResult:
+    """With an idempotency key, only the first successful member commits the effect."""
+    if result.failure is not None or task.idempotency_key is None:
+        return result
+    ttl = ctx.settings.idempotency_ttl_s
+    holder = ctx.store.claim_idempotency(task.idempotency_key, task.member_id, ttl)
+    if holder != task.member_id:
+        return BackendResult(
+            FailureKind.CANCELLED,
+            f"idempotency key {task.idempotency_key!r} already taken by {holder}",
+            tokens_in=result.tokens_in,
+            tokens_out=result.tokens_out,
+            proc_latency_s=result.proc_latency_s,
+            link_observations=result.link_observations,
+        )
+    backend.commit(task)
+    return result
+
+
+def _reply(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:
+    ctx.store.push_reply(task.group_id, report.model_dump_json(), ctx.settings.group_ttl_s)
+
+
+def _harvest(
+    task: MemberTask, res: BackendResult, report: MemberReport, ctx: MemberContext
+) -> None:
+    s, store = ctx.settings, ctx.store
+    failure = res.failure
+    if failure is not FailureKind.CANCELLED:
+        obs = CandidateObservation(
+            at_s=report.trace.finished_at_s,
+            delivered=res.delivered,
+            failure=failure,
+            quality=res.quality if failure is None else None,
+            proc_latency_s=res.proc_latency_s if failure is None else None,
+            tokens_in=res.tokens_in,
+            tokens_out=res.tokens_out,
+        )
+        store.update_candidate(task.candidate.id, obs, ctx.profile_settings, s.profile_ttl_s)
+        if res.link_observations:
+            src, dst = task.caller_zone, task.candidate.zone
+            store.update_link(
+                link_id(src, dst),
+                src,
+                dst,
+                res.link_observations,
+                ctx.profile_settings,
+                s.profile_ttl_s,
+            )
+        if failure is None and ctx.delays is not None:
+            ctx.delays.record(task.candidate.role, report.trace.latency_s)
+    store.append_trace(report.model_dump_json(), s.trace_stream_maxlen, s.trace_stream_ttl_s)
