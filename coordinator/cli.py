@@ -26,6 +26,7 @@ from coordinator.cli_common import (
 )
 from coordinator.cli_ops import register_ops
 from coordinator.decisionbench import bench_decision
+from coordinator.demo import run_demo
 from coordinator.errors import InputError
 from coordinator.paperbench import BenchConfig, bench_paper, plan_jobs, write_json
 from coordinator.plan import parse_request
@@ -215,24 +216,18 @@ def schemas_export(
 
 @app.command()
 @clean_errors
-def demo() -> None:
-    """For now: the paper benchmark in quick mode, all four scenarios, plots in out/demo."""
-    bench_paper_cmd(
-        scenario=None,
-        scenario_file=None,
-        methods=None,
-        tasks=None,
-        seed=0,
-        seeds=1,
-        tau=0.9,
-        taus="0.7,0.8,0.9,0.95",
-        sweep_seeds=1,
-        half_life=math.inf,
-        workers=0,
-        json_path=None,
-        out_dir=Path("out/demo"),
-        quick=True,
-    )
+def demo(
+    tasks: Annotated[int, typer.Option(help="Workflow tasks per method")] = 16,
+    outage: Annotated[str, typer.Option(help="ZONE@TASK: zone outage from that task")] = (
+        "global@6"
+    ),
+    time_scale: Annotated[float, typer.Option(help="Simulated time per model second")] = 0.02,
+) -> None:
+    """The workflow through the real distributed path (embedded Redis, a worker per
+    zone), HACO against a single route, with a zone outage partway."""
+    if not 0 < time_scale <= 1:
+        raise InputError(f"--time-scale={time_scale}; expected a number in (0, 1]")
+    run_demo(tasks, outage, time_scale, err)
 
 
 register_ops(app)

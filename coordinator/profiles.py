@@ -12,6 +12,7 @@ the Beta posterior back towards its prior ``Beta(1, 1)``, not towards zero.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from coordinator.errors import InputError
@@ -215,6 +216,15 @@ def update_link(
         observations=profile.observations + 1,
         last_seen_s=obs.at_s,
     )
+
+
+def update_link_many(
+    profile: LinkProfile, observations: Sequence[LinkObservation], settings: ProfileSettings
+) -> LinkProfile:
+    """Fold several transmissions (a call's request and response legs) in order."""
+    for obs in observations:
+        profile = update_link(profile, obs, settings)
+    return profile
 
 
 def latency_percentile(profile: CandidateProfile, q: float) -> float | None:

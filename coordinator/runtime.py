@@ -10,6 +10,7 @@ group's reply list, claims the winner atomically, and cancels or keeps the loser
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from coordinator.poolconfig import CallSettings, Pool
 from coordinator.profiles import CandidateObservation
 from coordinator.settings import PolicyParams, ProfileSettings
 from coordinator.stagger import Launch, Launcher
-from coordinator.stats import PoolMember, build_arrays, link_id
+from coordinator.stats import PoolMember, build_view, link_id
 from coordinator.store import CANCELLED, RESOLVED, RuntimeStore
 from coordinator.winner import Report, Verdict, verdict
 from schemas.enums import FailureKind, GroupState, LaunchMode, MemberStatus, StopReason
@@ -65,6 +66,7 @@ class InvocationResult:
     candidate_id: str | None
     zone: str | None
     output: str | None
+    quality: float | None  # the winner's judged quality, when its backend judged it
     p_success: float
     stop: StopReason
     latency_s: float
@@ -132,16 +134,8 @@ class Coordinator:
         lids = sorted({link_id(caller, c.zone) for c in cands})
         profiles, links = self.store.load_profiles([c.id for c in cands], lids)
         members = [PoolMember(c.id, c.zone) for c in cands]
-        stats = build_arrays(members, caller, profiles, links, request_bytes, self.profile_settings)
-        profs = [profiles.get(c.id) for c in cands]
-        return cands, PoolView(
-            ids=[c.id for c in cands],
-            zones=[c.zone for c in cands],
-            stats=stats,
-            calls=np.array([p.calls if p else 0.0 for p in profs]),
-            success_rate=np.array([p.success_rate if p else 0.0 for p in profs]),
-            mean_quality=np.array([(p.mean_quality or 0.0) if p else 0.0 for p in profs]),
-        )
+        view = build_view(members, caller, profiles, links, request_bytes, self.profile_settings)
+        return cands, view
 
     def _plan(self, inv: RoleInvocation) -> _Group:
         call = self.pool.call_settings(inv, self.settings, self.params)
@@ -292,6 +286,7 @@ class Coordinator:
                 c.id,
                 c.zone,
                 rep.output if rep else None,
+                rep.trace.quality if rep else None,
                 g.decision.p_success,
                 g.decision.stop,
                 now - g.t0,
@@ -314,42 +309,20 @@ class Coordinator:
         out = []
         for rank, cand in enumerate(g.candidates):
             rep, launched_at = g.reports[rank], g.launched_at[rank]
-            mid = g.member_id(rank)
+            row = functools.partial(MemberSummary, g.member_id(rank), cand.id, cand.zone, rank)
             if rep is not None:
                 t = rep.trace
                 out.append(
-                    MemberSummary(
-                        mid,
-                        cand.id,
-                        cand.zone,
-                        rank,
-                        t.status,
-                        True,
-                        t.latency_s,
-                        t.failure_reason,
-                        t.tokens_in,
-                        t.tokens_out,
-                    )
+                    row(t.status, True, t.latency_s, t.failure_reason, t.tokens_in, t.tokens_out)
                 )
             elif launched_at is None:
-                out.append(MemberSummary(mid, cand.id, cand.zone, rank, MemberStatus.QUEUED, False))
+                out.append(row(MemberStatus.QUEUED, False))
             elif now >= g.deadline_at:
-                out.append(
-                    MemberSummary(
-                        mid,
-                        cand.id,
-                        cand.zone,
-                        rank,
-                        MemberStatus.TIMED_OUT,
-                        True,
-                        now - launched_at,
-                        f"no report within deadline_s={g.call.deadline_s}",
-                    )
-                )
+                reason = f"no report within deadline_s={g.call.deadline_s}"
+                out.append(row(MemberStatus.TIMED_OUT, True, now - launched_at, reason))
                 self._record_lost(g, rank, cand, now)
             else:
-                status = MemberStatus.CANCELLED if cancel else MemberStatus.RUNNING
-                out.append(MemberSummary(mid, cand.id, cand.zone, rank, status, True))
+                out.append(row(MemberStatus.CANCELLED if cancel else MemberStatus.RUNNING, True))
         return out
 
     def _record_lost(self, g: _Group, rank: int, cand: Candidate, now: float) -> None:

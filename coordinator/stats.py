@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coordinator.methods import PoolView
 from coordinator.policy import CandidateArrays
 from coordinator.profiles import CandidateProfile, LinkProfile
 from coordinator.settings import ProfileSettings
@@ -89,4 +90,26 @@ def build_arrays(
         bytes=out_bytes + float(request_bytes),
         bandwidth_Bps=np.array([bw_default if b is None else b for b in bw]),
         jitter_Bps=np.array([jit_default if j is None else j for j in jit]),
+    )
+
+
+def build_view(
+    pool: Sequence[PoolMember],
+    caller_zone: str,
+    candidates: Mapping[str, CandidateProfile],
+    links: Mapping[str, LinkProfile],
+    request_bytes: float,
+    settings: ProfileSettings,
+) -> PoolView:
+    """Everything a method may look at, from the profiles: the simulator and the live
+    runtime both decide through this, so a decision replays from the same evidence."""
+    stats = build_arrays(pool, caller_zone, candidates, links, request_bytes, settings)
+    profs = [candidates.get(m.candidate_id) for m in pool]
+    return PoolView(
+        ids=[m.candidate_id for m in pool],
+        zones=[m.zone for m in pool],
+        stats=stats,
+        calls=np.array([p.calls if p else 0.0 for p in profs]),
+        success_rate=np.array([p.success_rate if p else 0.0 for p in profs]),
+        mean_quality=np.array([(p.mean_quality or 0.0) if p else 0.0 for p in profs]),
     )

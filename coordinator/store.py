@@ -26,7 +26,7 @@ from coordinator.profiles import (
     LinkObservation,
     LinkProfile,
     update_candidate,
-    update_link,
+    update_link_many,
 )
 from coordinator.settings import ProfileSettings
 
@@ -178,9 +178,7 @@ class RedisStore:
     ) -> None:
         def apply(cur: bytes | None) -> str:
             prof = decode_link(cur) if cur else LinkProfile(src, dst)
-            for o in obs:
-                prof = update_link(prof, o, settings)
-            return encode(prof)
+            return encode(update_link_many(prof, obs, settings))
 
         self._transact(keys.link_profile(link_id), apply, ttl_s)
 
@@ -252,7 +250,10 @@ class MemoryStore:
 
     def claim_winner(self, group_id: str, member_id: str, ttl_s: float) -> bool:
         with self._lock:
-            return self.winners.setdefault(group_id, member_id) == member_id
+            if group_id in self.winners:
+                return False  # SET NX semantics: even the holder's second claim fails
+            self.winners[group_id] = member_id
+            return True
 
     def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str:
         with self._lock:
@@ -284,9 +285,7 @@ class MemoryStore:
     ) -> None:
         with self._lock:
             prof = self.links.get(link_id) or LinkProfile(src, dst)
-            for o in obs:
-                prof = update_link(prof, o, settings)
-            self.links[link_id] = prof
+            self.links[link_id] = update_link_many(prof, obs, settings)
 
     def append_trace(self, report: str, maxlen: int, ttl_s: float) -> None:
         with self._lock:

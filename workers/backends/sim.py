@@ -16,12 +16,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from coordinator.profiles import LinkObservation
 from schemas.enums import FailureKind
 from schemas.models import Candidate, MemberTask
 from schemas.scenario import Scenario
 from workers.backends.base import BackendResult, StopCheck
-from workers.sim.backends import CallDraw, simulate_call
+from workers.sim.backends import CallDraw, link_observations, simulate_call
 from workers.sim.network import LinkState
 from workers.sim.world import SimWorld
 
@@ -100,11 +99,7 @@ class SimBackend:
             self._wait(min(left, self.poll_s))
 
     def _result(self, task: MemberTask, draw: CallDraw) -> BackendResult:
-        links = [
-            LinkObservation(time.time(), leg.bytes, leg.lost, leg.t_tx_s, leg.t_path_s)
-            for leg in (draw.request, draw.response)
-            if leg is not None
-        ]
+        links = link_observations(draw, time.time())
         delivered = not draw.request.lost
         rtt = draw.request.t_path_s if delivered else None
         bw = draw.request.bytes / draw.request.t_tx_s if delivered and draw.request.t_tx_s else None

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from coordinator.errors import ScenarioError
+from coordinator.profiles import LinkObservation
 from schemas.enums import FailureKind
 from schemas.scenario import LognormalLatency, ModelSpec, NetworkSpec, TraceLatency
 from workers.sim.network import LinkState, Transmission, transmit
@@ -138,3 +139,12 @@ def simulate_call(
     if resp.lost:
         return CallDraw(total, FailureKind.NETWORK, req, resp, proc.latency_s, tokens_in, out, None)
     return CallDraw(total, None, req, resp, proc.latency_s, tokens_in, out, quality)
+
+
+def link_observations(draw: CallDraw, at_s: float) -> list[LinkObservation]:
+    """What the caller's side learns about the link from one call's legs."""
+    return [
+        LinkObservation(at_s, leg.bytes, leg.lost, leg.t_tx_s, leg.t_path_s)
+        for leg in (draw.request, draw.response)
+        if leg is not None
+    ]

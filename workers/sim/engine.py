@@ -21,17 +21,16 @@ from coordinator.methods import Method, PoolView
 from coordinator.profiles import (
     CandidateObservation,
     CandidateProfile,
-    LinkObservation,
     LinkProfile,
     update_candidate,
-    update_link,
+    update_link_many,
 )
 from coordinator.settings import ProfileSettings
-from coordinator.stats import PoolMember, build_arrays, link_id
+from coordinator.stats import PoolMember, build_view, link_id
 from coordinator.winner import Report, resolve
 from schemas.enums import WinnerMode
 from schemas.models import Candidate
-from workers.sim.backends import CallDraw
+from workers.sim.backends import CallDraw, link_observations
 from workers.sim.workflow import Invocation, StepResult
 from workers.sim.world import SimWorld
 
@@ -92,18 +91,13 @@ class Simulation:
 
     # -- evidence ---------------------------------------------------------------------
     def view(self, role: str, request_bytes: float) -> PoolView:
-        pool = self.members[role]
-        stats = build_arrays(
-            pool, self.world.caller_zone, self.candidates, self.links, request_bytes, self.settings
-        )
-        profs = [self.candidates.get(m.candidate_id) for m in pool]
-        return PoolView(
-            ids=[m.candidate_id for m in pool],
-            zones=[m.zone for m in pool],
-            stats=stats,
-            calls=np.array([p.calls if p else 0.0 for p in profs]),
-            success_rate=np.array([p.success_rate if p else 0.0 for p in profs]),
-            mean_quality=np.array([(p.mean_quality or 0.0) if p else 0.0 for p in profs]),
+        return build_view(
+            self.members[role],
+            self.world.caller_zone,
+            self.candidates,
+            self.links,
+            request_bytes,
+            self.settings,
         )
 
     def _harvest(self, cand: Candidate, draw: CallDraw, judged: float | None, at_s: float) -> None:
@@ -120,11 +114,7 @@ class Simulation:
         self.candidates[cand.id] = update_candidate(prof, obs, self.settings)
         lid = link_id(self.world.caller_zone, cand.zone)
         link = self.links.get(lid) or LinkProfile(self.world.caller_zone, cand.zone)
-        for leg in (draw.request, draw.response):
-            if leg is not None:
-                lo = LinkObservation(at_s, leg.bytes, leg.lost, leg.t_tx_s, leg.t_path_s)
-                link = update_link(link, lo, self.settings)
-        self.links[lid] = link
+        self.links[lid] = update_link_many(link, link_observations(draw, at_s), self.settings)
 
     # -- one invocation ---------------------------------------------------------------
     def invoke(self, inv: Invocation) -> StepResult:
