@@ -24,7 +24,9 @@ from coordinator.cli_common import (
     schemas_app,
     show,
 )
+from coordinator.cli_db import register_db
 from coordinator.cli_ops import register_ops
+from coordinator.cli_traces import register_traces
 from coordinator.decisionbench import bench_decision
 from coordinator.demo import run_demo
 from coordinator.errors import InputError
@@ -231,6 +233,8 @@ def demo(
 
 
 register_ops(app)
+register_db(app)
+register_traces(app)
 
 
 def main() -> None:

@@ -25,6 +25,9 @@ class HacoSettings(BaseSettings):
     database_url: str | None = None
     state_dir: Path = Path(".haco")
     pool_file: Path | None = None  # pool config TOML; None = the paper's simulated pool
+    # Trace store retention: `haco db retention` drops daily partitions of members and link
+    # observations (and older invocations and profile snapshots) older than this many days.
+    retention_days: Annotated[int, Field(ge=1)] = 30
 
     # Hedge groups.
     default_deadline_s: Seconds = 60.0
@@ -64,6 +67,28 @@ class HacoSettings(BaseSettings):
     trace_stream_maxlen: Annotated[int, Field(ge=1000)] = 1_000_000
     trace_stream_ttl_s: Seconds = 7 * 86_400.0
     profile_ttl_s: Seconds = 30 * 86_400.0
+
+    # Harvester (coordinator/harvester.py): reads the trace stream with this consumer
+    # group, up to harvest_batch entries per read, blocking up to harvest_block_ms for new
+    # ones, and writes each batch to Postgres in one transaction.
+    harvest_group: Annotated[str, Field(min_length=1, max_length=128)] = "haco-harvesters"
+    harvest_batch: Annotated[int, Field(ge=1, le=100_000)] = 5_000
+    harvest_block_ms: Annotated[int, Field(ge=1, le=60_000)] = 1_000
+    # Entries a harvester read but did not acknowledge for this long (it crashed, or lost
+    # Postgres) are claimed by another harvester.
+    harvest_reclaim_idle_s: Seconds = 60.0
+    # While Postgres is down, traces wait in the stream: the buffer is trace_stream_maxlen
+    # entries (producers trim with MAXLEN ~: beyond it, the oldest waiting traces are
+    # lost). Above this many entries every batch logs an ERROR and counts the
+    # harvest_buffer_alarm metric. None = 80% of trace_stream_maxlen; a value at or above
+    # trace_stream_maxlen counts as trace_stream_maxlen - 1 (an alarm after loss is none).
+    harvest_buffer_alarm: Annotated[int, Field(ge=1)] | None = None
+    # After a database error the harvester waits, doubling up to this, before retrying.
+    harvest_backoff_max_s: Seconds = 10.0
+    # Entries that cannot be stored (malformed, or rejected by Postgres) go to a
+    # dead-letter stream, capped and expiring like this.
+    harvest_dead_letter_maxlen: Annotated[int, Field(ge=1)] = 100_000
+    harvest_dead_letter_ttl_s: Seconds = 30 * 86_400.0
 
     # Celery. The broker's visibility timeout must exceed the longest deadline, or a
     # slow unacknowledged member would be redelivered to a second worker.

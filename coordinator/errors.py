@@ -11,6 +11,8 @@
     ├── PolicyError             the allocation rule was asked something it cannot answer
     ├── StoreError              a shared-state backend (Redis) failed
     ├── ServiceError            an embedded service (Redis) cannot be started or stopped
+    ├── DatabaseError           the trace store (Postgres, external or embedded) failed
+    │   └── MigrationError      a schema migration cannot be planned or applied
     └── HedgeError              an invocation ended without a result
         ├── AllFailedError      every member failed; ``failures`` has each one's reason
         ├── DeadlineError       the deadline passed before any member succeeded
@@ -60,6 +62,17 @@ class ServiceError(HacoError):
     """An embedded service (the valkey-server HACO runs when no Redis is configured) cannot
     be started, found or stopped; raised ``from`` the OSError, subprocess or redis error,
     with a message naming what failed (binary, port, state dir)."""
+
+
+class DatabaseError(HacoError):
+    """The trace store failed: Postgres cannot be reached, the embedded server cannot be
+    started or stopped, or a query failed; raised ``from`` the psycopg, OSError or
+    subprocess error, with a message naming what failed (database, data dir, log)."""
+
+
+class MigrationError(DatabaseError):
+    """A schema migration cannot be planned or applied: the database is newer than the
+    migrations this HACO knows, an applied migration's file changed, or one failed."""
 
 
 class HedgeError(HacoError):

@@ -61,10 +61,19 @@ TTL: budget_ttl_s, refreshed on every write (earn and every spend attempt)."""
 
 TRACES = f"{PREFIX}:traces"
 """Stream: one entry per executed member, harvested into Postgres. Capped at
-trace_stream_maxlen; TTL trace_stream_ttl_s, refreshed on every append."""
+trace_stream_maxlen; TTL trace_stream_ttl_s, refreshed on every append.
+Read by the consumer group settings.harvest_group (coordinator.harvester), which deletes
+each entry once its batch is committed: the length is the backlog not yet in Postgres."""
+
+TRACES_DEAD = f"{PREFIX}:traces:dead"
+"""Stream: trace entries the harvester could not store (not JSON, not a valid
+MemberReport, or a row Postgres rejects), fields ``id`` (the original entry id),
+``report`` (the raw entry) and ``error``. Capped at harvest_dead_letter_maxlen;
+TTL harvest_dead_letter_ttl_s, refreshed on every write."""
 
 METRICS = f"{PREFIX}:metrics"
-"""Hash of counters for operators (hedge rate, backup wins, budget exhaustion …).
+"""Hash of counters for operators (hedge rate, backup wins, budget exhaustion …), and the
+harvester's ``harvest_*`` counters and lag gauges (see coordinator.harvester).
 TTL: profile_ttl_s, refreshed on write."""
 
 SIM_FAULTS = f"{PREFIX}:sim:faults"

@@ -267,7 +267,10 @@ class Coordinator:
     def _finish(self, g: _Group, v: Verdict) -> InvocationResult:
         now = self.clock()
         state = self._state(g, v, now)
-        cancel = self.settings.cancel_losers or state is not GroupState.WON
+        # Past the deadline nothing more is awaited: stragglers are cancelled, and only
+        # then recorded as lost (a kept member would report its own outcome later, and
+        # recording it here too would count the call twice).
+        cancel = self.settings.cancel_losers or state is not GroupState.WON or now >= g.deadline_at
         self.store.set_group_state(
             g.id, CANCELLED if cancel else RESOLVED, self.settings.group_ttl_s
         )

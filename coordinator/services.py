@@ -1,5 +1,6 @@
-"""Process supervision for `haco up`: services first, then one worker per zone; on the
-way down the reverse (workers before servers), so no worker outlives its broker."""
+"""Process supervision for `haco up`: services first, then one worker per zone and, when
+a trace store is configured, one harvester; on the way down the reverse (workers and the
+harvester before servers), so no worker outlives its broker."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coordinator import embedded_pg
 from coordinator.config import HacoSettings
 from coordinator.embedded import EmbeddedRedis, resolve_redis_url
 
@@ -25,6 +27,10 @@ def worker_command(zone: str, concurrency: int | None = None) -> list[str]:
     return cmd
 
 
+def harvester_command() -> list[str]:
+    return [sys.executable, "-m", "coordinator.cli", "harvester"]
+
+
 @dataclass
 class Stack:
     """What `haco up` started; :meth:`stop` takes it down in order."""
@@ -33,37 +39,45 @@ class Stack:
     embedded: EmbeddedRedis | None
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_dir: Path | None = None
+    harvester: subprocess.Popen[bytes] | None = None
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "HACO_REDIS_URL": self.redis_url}
 
-    def start_worker(self, zone: str, concurrency: int | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen[bytes]:
         log = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            log = (self.log_dir / f"worker-{zone}.log").open("ab")
+            log = (self.log_dir / f"{name}.log").open("ab")
         proc = subprocess.Popen(
-            worker_command(zone, concurrency),
-            env=self.env(),
-            stdout=log or subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
+            cmd, env=self.env(), stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
         if log is not None:
             log.close()  # the child holds its own descriptor
+        return proc
+
+    def start_worker(self, zone: str, concurrency: int | None = None) -> subprocess.Popen[bytes]:
+        proc = self._spawn(worker_command(zone, concurrency), f"worker-{zone}")
         self.workers[zone] = proc
         return proc
 
+    def start_harvester(self) -> subprocess.Popen[bytes]:
+        self.harvester = self._spawn(harvester_command(), "harvester")
+        return self.harvester
+
     def stop(self) -> None:
-        for proc in self.workers.values():
+        procs = [*self.workers.values(), *([self.harvester] if self.harvester else [])]
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.workers.values():
+        for proc in procs:
             try:
                 proc.wait(WORKER_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
         self.workers.clear()
+        self.harvester = None
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None
@@ -77,6 +91,8 @@ def start_stack(
     try:
         for zone in zones:
             stack.start_worker(zone, concurrency)
+        if settings.database_url or embedded_pg.discover(settings.state_dir):
+            stack.start_harvester()
     except BaseException:
         stack.stop()
         raise

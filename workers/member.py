@@ -110,10 +110,12 @@ def execute_member(task: MemberTask, ctx: MemberContext) -> MemberReport:
         return report
     backend = ctx.backends(task)
     result = backend.call(task, lambda: store.group_state(task.group_id) == CANCELLED)
-    result = _commit_once(task, backend, result, ctx)
+    outcome = _commit_once(task, backend, result, ctx)
     finished = ctx.clock()
-    report = _report(task, result, now, finished, _status(result))
+    report = _report(task, outcome, now, finished, _status(outcome))
     _reply(task, report, ctx)
+    # Profiles learn from what the call did, even when its side effect was not
+    # committed because another member held the idempotency key first.
     _harvest(task, result, report, ctx)
     return report
 

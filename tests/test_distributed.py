@@ -1,0 +1,408 @@
+"""The distributed runtime end to end: real Redis, real Celery worker processes, no mocks.
+
+Every test runs twice, against the machine's Redis (DB 0 for HACO's keys and DB 1 for
+Celery's broker, flushed at start) and against an embedded valkey-server started by
+``start_stack`` as ``haco up`` does. Workers start once per server (one per zone; the
+``solo`` zone has a single thread so its queue can be kept busy).
+
+Members are deterministic: the scenario written below gives every model a fixed latency
+(lognormal sigma 0) and every candidate a failure rate of 0 or 1, on lossless links.
+Each test uses its own role and starts from cold profiles, where every candidate has the
+same U⁺ and the rank order is the pool order (``ROLES`` below).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import redis
+
+from coordinator import keys
+from coordinator.budget import RedisBudget
+from coordinator.client import HacoClient
+from coordinator.config import HacoSettings
+from coordinator.errors import AllFailedError, ConfigError, DeadlineError
+from coordinator.poolconfig import load_pool
+from coordinator.services import Stack, start_stack
+from schemas.enums import GroupState, MemberStatus
+from schemas.models import MemberReport, MemberTrace
+from workers.app import with_db
+
+EXTERNAL_URL = "redis://127.0.0.1:6379/0"
+HACO = str(Path(sys.executable).with_name("haco"))
+SCALE = 0.02  # simulated seconds x SCALE = wall-clock seconds
+MODELS = {"fast": 0.05, "medium": 0.3, "long": 1.2, "slow": 2.0}  # wall-clock seconds
+MAIN_ZONES = ("local", "regional", "global")
+SOLO = "solo"  # served by one single-threaded worker
+ZONES = (*MAIN_ZONES, SOLO)
+# role -> (model, zone, failure rate) per candidate, in rank order on a cold pool
+ROLES: dict[str, list[tuple[str, str, int]]] = {
+    "basic": [("fast", "global", 1), ("medium", "regional", 0), ("fast", "local", 0)],
+    "queued": [("medium", "local", 0)] + [("slow", SOLO, 0)] * 3,
+    "cancel": [("medium", "local", 0), ("slow", "regional", 0)],
+    "late": [("slow", "regional", 0), ("slow", "global", 0)],
+    "broken": [("fast", z, 1) for z in MAIN_ZONES],
+    "effect": [("fast", z, 0) for z in MAIN_ZONES],
+    "budget": [("medium", z, 0) for z in MAIN_ZONES],
+    "doomed": [("long", "regional", 0), ("fast", "local", 0)],
+}
+BURST = 3
+BUDGET_SCRIPT = """
+import json, sys
+from coordinator.client import HacoClient
+from coordinator.config import HacoSettings
+url, pool = sys.argv[1:3]
+settings = HacoSettings(redis_url=url, pool_file=pool, budget_burst=int(sys.argv[3]),
+    budget_ratio=0.0, initial_hedge_delay_s=0.001, hedge_delay_min_samples=100_000)
+with HacoClient(settings, redis_url=url) as client:
+    print(json.dumps([client.invoke("budget", "hi", launch_mode="staggered", tau=0.95,
+        deadline_s=10).backups for _ in range(2)]))
+"""
+T = TypeVar("T")
+
+
+def write_pool(folder: Path) -> Path:
+    """The test scenario and a pool config that takes its whole pool."""
+    zones = json.dumps(list(ZONES))
+    lines = ['name = "distributed"', 'caller_zone = "local"', f"zones = {zones}"]
+    lines += ["[network]", "timeout_s = 1.0"]
+    for zone in ZONES:
+        lines += ["[[links]]", 'a = "local"', f'b = "{zone}"', "latency_ms = 1", "jitter_ms = 0"]
+        lines += ["bandwidth_tokens_per_ms = 1000", "loss = 0"]
+    for name, seconds in MODELS.items():
+        lines += [f"[models.{name}]", "quality = { mean = 0.6, concentration = 10 }"]
+        lines += [f'latency = {{ kind = "lognormal", median_s = {seconds / SCALE}, sigma = 0 }}']
+        lines += ["tokens_out = { median = 20, sigma = 0 }"]
+    lines += ["[evaluator]", 'model = "fast"', 'zone = "local"']
+    for role, members in ROLES.items():
+        for i, (model, zone, failure) in enumerate(members):
+            lines += ["[[candidates]]", f'id = "{role}-{i}"', f'role = "{role}"']
+            lines += [f'model = "{model}"', f'zone = "{zone}"', f"failure_rate = {failure}"]
+    (folder / "scenario.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pool = folder / "pool.toml"
+    pool.write_text(
+        f'caller_zone = "local"\nzones = {zones}\n\n[sim]\n'
+        f'scenario = "scenario.toml"\ntime_scale = {SCALE}\n',
+        encoding="utf-8",
+    )
+    return pool
+
+
+def wait_for(probe: Callable[[], T | None], timeout_s: float, what: str) -> T:
+    """Poll ``probe`` until it returns something other than None; fail after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while True:
+        got = probe()
+        if got is not None:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def wait_ready(client: HacoClient, zones: Sequence[str], timeout_s: float = 30.0) -> None:
+    """Until the worker of every zone answers a Celery ping."""
+    want = {f"haco-{zone}@{socket.gethostname()}" for zone in zones}
+
+    def answered() -> bool | None:
+        replies = client.app.control.ping(destination=sorted(want), timeout=0.5)
+        return True if want <= {name for reply in replies for name in reply} else None
+
+    wait_for(answered, timeout_s, f"workers {sorted(want)} to answer a ping")
+
+
+def reports(r: redis.Redis, group_id: str, source: str) -> dict[str, MemberTrace]:
+    """Member traces of a group, by member id, from its reply list (reports the
+    coordinator did not consume) or from the trace stream (executed members only)."""
+    if source == "replies":
+        raw = r.lrange(keys.group_replies(group_id), 0, -1)
+    else:
+        raw = [fields[b"report"] for _, fields in r.xrange(keys.TRACES)]
+    traces = [MemberReport.model_validate_json(x).trace for x in raw]
+    return {t.member_id: t for t in traces if t.group_id == group_id}
+
+
+def wait_reports(
+    r: redis.Redis, group_id: str, members: set[str], source: str, timeout_s: float = 10.0
+) -> dict[str, MemberTrace]:
+    def complete() -> dict[str, MemberTrace] | None:
+        got = reports(r, group_id, source)
+        return got if members <= got.keys() else None
+
+    return wait_for(complete, timeout_s, f"{source} of {sorted(members)}")
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:
+    """Wait for a subprocess (killing it after ``timeout_s``); its stdout and stderr."""
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{proc.args} did not finish in {timeout_s} s: {err}") from None
+    assert proc.returncode == 0, f"{proc.args} exited {proc.returncode}: {err}"
+    return out, err
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HACO_")}
+    return {**env, **extra}
+
+
+@dataclass
+class Services:
+    url: str
+    stack: Stack
+    pool_file: Path
+    client: HacoClient  # default settings: ranked winner, losers kept running
+
+    @property
+    def r(self) -> redis.Redis:
+        return self.client.redis  # DB 0, HACO's keys
+
+    def settings(self, **overrides: Any) -> HacoSettings:
+        return HacoSettings(redis_url=self.url, pool_file=self.pool_file, **overrides)
+
+    def restart_worker(self, zone: str) -> None:
+        self.stack.start_worker(zone, 1 if zone == SOLO else 4)
+        wait_ready(self.client, [zone])
+
+
+def flush_external() -> None:
+    for db in (keys.APP_DB, keys.BROKER_DB):
+        try:
+            with redis.Redis.from_url(with_db(EXTERNAL_URL, db), socket_timeout=2) as r:
+                r.flushdb()
+        except redis.ConnectionError as exc:
+            pytest.skip(f"no Redis at {EXTERNAL_URL}: {exc}")
+
+
+@pytest.fixture(scope="module", params=["external", "embedded"])
+def services(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Services]:
+    external = request.param == "external"
+    tmp = tmp_path_factory.mktemp(request.param)
+    pool_file = write_pool(tmp)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in [n for n in os.environ if n.startswith("HACO_")]:
+            mp.delenv(name)
+        mp.setenv("HACO_POOL_FILE", str(pool_file))  # workers read it from the environment
+        if external:
+            flush_external()
+        # An empty URL makes start_stack start an embedded server, as `haco up` does.
+        base = HacoSettings(redis_url=EXTERNAL_URL if external else "", state_dir=tmp / "state")
+        stack = start_stack(base, MAIN_ZONES, concurrency=4)
+        try:
+            stack.start_worker(SOLO, 1)
+            settings = HacoSettings(redis_url=stack.redis_url, pool_file=pool_file)
+            with HacoClient(settings, redis_url=stack.redis_url) as client:
+                wait_ready(client, ZONES)
+                yield Services(stack.redis_url, stack, pool_file, client)
+        finally:
+            stack.stop()
+            if external:
+                flush_external()
+
+
+@pytest.fixture
+def svc(services: Services) -> Services:
+    """The services with cold profiles, an empty hedge-delay window and a full budget."""
+    r = services.r
+    r.delete(*r.scan_iter("haco:prof:*"), *r.scan_iter("haco:delay:*"), keys.BUDGET)
+    return services
+
+
+def test_invocation_returns_the_best_ranked_success(svc: Services) -> None:
+    res = svc.client.invoke("basic", "hi", deadline_s=10)
+    assert res.state is GroupState.WON
+    assert [m.candidate_id for m in res.members] == ["basic-0", "basic-1", "basic-2"]
+    ok, failed = MemberStatus.SUCCEEDED, MemberStatus.FAILED
+    assert [m.status for m in res.members] == [failed, ok, ok]
+    assert res.members[0].reason == "the service failed"
+    best = min(m.rank for m in res.members if m.status is ok)
+    assert res.winner_id == f"{res.group_id}.{best}" == f"{res.group_id}.1"
+    assert (res.candidate_id, res.zone) == ("basic-1", "regional")
+    assert res.output == "[medium@regional] basic output"
+    # Rank 2 finished first: the ranked rule still picks rank 1.
+    assert res.members[2].latency_s < res.members[1].latency_s
+    assert 0.0 < res.p_success <= 1.0
+    assert res.tokens > 0
+
+
+def test_unknown_zone_is_rejected(tmp_path: Path) -> None:
+    bad = tmp_path / "pool.toml"
+    bad.write_text(
+        'caller_zone = "local"\nzones = ["local"]\n\n[[candidates]]\nid = "x-0"\n'
+        'role = "x"\nmodel = "m"\nzone = "mars"\nbackend = { kind = "http" }\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match="unknown zone 'mars'"):
+        load_pool(bad)
+    with pytest.raises(ConfigError, match="unknown zone 'mars'"):
+        HacoClient(HacoSettings(pool_file=bad), redis_url="redis://127.0.0.1:1/0")
+    argv, env = [HACO, "worker", "--zone", "nosuch"], clean_env()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "unknown zone 'nosuch'" in proc.stderr
+
+
+def test_queued_members_cancelled_before_start_never_run(svc: Services) -> None:
+    # Ranks 1-3 queue on the single-threaded solo worker: one runs, the others wait.
+    with HacoClient(svc.settings(cancel_losers=True), redis_url=svc.url) as client:
+        res = client.invoke("queued", "hi", deadline_s=10)
+    assert res.winner_id == f"{res.group_id}.0"
+    assert [m.status for m in res.members[1:]] == [MemberStatus.CANCELLED] * 3
+    losers = {m.member_id for m in res.members[1:]}
+    replies = wait_reports(svc.r, res.group_id, losers, "replies")
+    assert {t.status for t in replies.values()} == {MemberStatus.CANCELLED}
+    never = {mid for mid, t in replies.items() if t.failure_reason == "group cancelled"}
+    assert len(never) >= 2, f"expected at least two members never started: {replies}"
+    for mid in never:
+        t = replies[mid]
+        assert (t.tokens_in, t.tokens_out, t.proc_latency_s) == (0, 0, None)
+        assert t.started_at_s == t.finished_at_s
+    ran = losers - never  # the one that was running: cancelled, and traced
+    traced = wait_reports(svc.r, res.group_id, ran, "traces")
+    assert {traced[m].failure_reason for m in ran} <= {"cancelled while running"}
+    assert not never & traced.keys(), "a member that never started left an execution trace"
+
+
+def test_running_member_stops_within_the_polling_interval(svc: Services) -> None:
+    with HacoClient(svc.settings(cancel_losers=True), redis_url=svc.url) as client:
+        res = client.invoke("cancel", "hi", deadline_s=10)
+        won_at = time.time()
+    assert res.winner_id == f"{res.group_id}.0"
+    assert res.members[1].status is MemberStatus.CANCELLED
+    loser = res.members[1].member_id
+    t = wait_reports(svc.r, res.group_id, {loser}, "replies", timeout_s=MODELS["slow"] + 2)[loser]
+    assert t.status is MemberStatus.CANCELLED
+    assert t.failure_reason == "cancelled while running"
+    assert t.started_at_s < won_at, "the member should have been running at the verdict"
+    assert t.finished_at_s - won_at < 0.5 * MODELS["slow"]
+    assert t.finished_at_s - t.started_at_s < 0.5 * MODELS["slow"]
+
+
+def test_deadline_is_honoured(svc: Services) -> None:
+    deadline_s = 0.5
+    start = time.monotonic()
+    with pytest.raises(DeadlineError) as info:
+        svc.client.invoke("late", "hi", deadline_s=deadline_s)
+    assert time.monotonic() - start < 5 * deadline_s  # coarse: not a performance figure
+    gid = info.value.group_id
+    reason = f"no report within deadline_s={deadline_s}"
+    assert info.value.failures == {f"{gid}.0": reason, f"{gid}.1": reason}
+    # The group is cancelled at the deadline: the slow members stop rather than finish.
+    late = wait_reports(svc.r, gid, set(info.value.failures), "replies", MODELS["slow"])
+    assert {t.status for t in late.values()} == {MemberStatus.CANCELLED}
+
+
+def test_all_failed_error_lists_every_reason(svc: Services) -> None:
+    with pytest.raises(AllFailedError) as info:
+        svc.client.invoke("broken", "hi", deadline_s=10)
+    gid = info.value.group_id
+    assert info.value.failures == {f"{gid}.{r}": "the service failed" for r in range(3)}
+
+
+def test_idempotency_key_gives_exactly_one_side_effect(svc: Services) -> None:
+    key = f"effect-{uuid.uuid4().hex}"
+    res = svc.client.invoke("effect", "hi", deadline_s=10, idempotency_key=key)
+    members = {m.member_id for m in res.members}
+    assert len(members) == 3
+    traced = wait_reports(svc.r, res.group_id, members, "traces")
+    assert svc.r.get(keys.sim_effects(key)) == b"1"
+    assert svc.r.get(keys.idempotency(key)) == res.winner_id.encode()
+    succeeded = [mid for mid, t in traced.items() if t.status is MemberStatus.SUCCEEDED]
+    assert succeeded == [res.winner_id]
+    for mid in members - {res.winner_id}:
+        assert traced[mid].status is MemberStatus.CANCELLED
+        assert f"already taken by {res.winner_id}" in (traced[mid].failure_reason or "")
+
+
+def test_budget_is_shared_by_two_coordinator_processes(svc: Services, tmp_path: Path) -> None:
+    script = tmp_path / "coordinate.py"
+    script.write_text(BUDGET_SCRIPT, encoding="utf-8")
+    argv = [sys.executable, str(script), svc.url, str(svc.pool_file), str(BURST)]
+    pipe = subprocess.PIPE
+    procs = [subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True) for _ in range(2)]
+    outs = [finish(proc, 60)[0] for proc in procs]
+    backups = [n for out in outs for n in json.loads(out)]
+    assert len(backups) == 4
+    # Each invocation wanted two backups (eight in all); the shared bucket paid for three.
+    assert sum(backups) == BURST, f"backups per invocation: {backups}"
+    snap = RedisBudget(svc.r, svc.settings(budget_burst=BURST)).snapshot()
+    assert snap.spent_backups == BURST
+    assert snap.exhausted >= 1
+
+
+def test_worker_killed_mid_task(svc: Services) -> None:
+    zone, deadline_s = "regional", 2.0
+    assert svc.stack.log_dir is not None
+    log = svc.stack.log_dir / f"worker-{zone}.log"
+
+    def received() -> int:
+        return log.read_text(encoding="utf-8", errors="replace").count("] received")
+
+    before = received()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        start = time.monotonic()
+        future = pool.submit(svc.client.invoke, "doomed", "hi", deadline_s=deadline_s)
+        wait_for(lambda: received() > before or None, 5, f"the {zone} worker to take its member")
+        proc = svc.stack.workers[zone]
+        proc.kill()
+        proc.wait()
+        killed_at = time.monotonic() - start
+        try:
+            res = future.result(timeout=deadline_s + 10)
+        finally:
+            svc.restart_worker(zone)
+    assert killed_at < MODELS["long"], f"killed at {killed_at:.2f} s: after rank 0 finished"
+    # Rank 0 would have won at 1.2 s; its report never comes, so rank 1 wins at the deadline.
+    assert res.state is GroupState.WON
+    assert (res.winner_id, res.zone) == (f"{res.group_id}.1", "local")
+    assert res.latency_s < deadline_s + 1.0
+    lost = res.members[0]
+    assert lost.status in (MemberStatus.TIMED_OUT, MemberStatus.FAILED)
+    assert lost.reason == f"no report within deadline_s={deadline_s}"
+
+
+def test_cli_invoke_prints_the_outcome(services: Services, tmp_path: Path) -> None:
+    # The default pool (the paper's scenario) through the same workers.
+    argv = [HACO, "invoke", "--role", "coder", "--message", "hi", "--deadline-s", "20"]
+    env, pipe = clean_env(HACO_REDIS_URL=services.url), subprocess.PIPE
+    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=pipe, stderr=pipe, text=True)
+    out, _ = finish(proc, 60)
+    result = json.loads(out)
+    assert result["winner_id"].startswith(result["group_id"])
+    assert result["state"] == "won"
+
+
+def test_no_app_key_without_ttl(services: Services) -> None:
+    """Runs last: every key in DB 0, left by the tests above and by one more invocation
+    that writes every kind of key, expires. DB 1 is excluded by design: it is Celery's
+    broker, whose queues, bindings and unacked-message hash are kombu's own and never
+    expire (coordinator/keys.py)."""
+    r = services.r
+    key = f"effect-{uuid.uuid4().hex}"
+    res = services.client.invoke("effect", "hi", deadline_s=10, idempotency_key=key)
+    wait_reports(r, res.group_id, {m.member_id for m in res.members}, "traces")
+    names = list(r.scan_iter())
+    kinds = {keys.idempotency(key), keys.sim_effects(key), keys.group_state(res.group_id)}
+    kinds |= {keys.group_winner(res.group_id), keys.TRACES, keys.METRICS, keys.BUDGET}
+    kinds.add(keys.hedge_delay_window("effect"))
+    assert kinds <= {n.decode() for n in names}
+    assert any(n.startswith(b"haco:prof:") for n in names)
+    forever = [n for n in names if r.pttl(n) == -1]  # -2: expired meanwhile, fine
+    assert not forever, f"keys without a TTL: {forever}"
