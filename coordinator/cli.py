@@ -26,6 +26,7 @@ from coordinator.cli_common import (
 )
 from coordinator.cli_db import register_db
 from coordinator.cli_ops import register_ops
+from coordinator.cli_profiles import register_profiles
 from coordinator.cli_traces import register_traces
 from coordinator.decisionbench import bench_decision
 from coordinator.demo import run_demo
@@ -235,6 +236,7 @@ def demo(
 register_ops(app)
 register_db(app)
 register_traces(app)
+register_profiles(app)
 
 
 def main() -> None:

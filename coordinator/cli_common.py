@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from coordinator.errors import HacoError, InputError
 
@@ -44,7 +45,8 @@ def clean_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except HacoError as exc:
             for line in str(exc).splitlines():
-                err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+                # Escaped: messages quote user input, and "[x]" would read as markup.
+                err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
             # Bad input exits 2; a call that ran and failed (all members failed, the
             # services are down) exits 1.
             raise typer.Exit(code=2 if isinstance(exc, InputError) else 1) from exc

@@ -12,24 +12,42 @@ from rich.table import Table
 from coordinator.cli_common import clean_errors, err, show
 from coordinator.client import HacoClient, service_url
 from coordinator.config import HacoSettings
-from coordinator.errors import InputError, UnknownZoneError
+from coordinator.errors import ConfigError, InputError, UnknownZoneError
 from coordinator.poolconfig import Pool, pool_from_settings
 from coordinator.runtime import InvocationResult
 from coordinator.services import start_stack, wait_for_signal
 from schemas.enums import LaunchMode, WinnerMode
-from workers.app import create_app, queue_for
+from workers.app import JUDGE_QUEUE, create_app, database_url, queue_for
+
+
+def _worker_queue(settings: HacoSettings, zone: str | None, judge: bool) -> tuple[str, str]:
+    """The queue a worker consumes and its node name's prefix."""
+    pool = Pool(pool_from_settings(settings))
+    if judge == (zone is not None):
+        raise InputError("give either --zone ZONE (a zone's members) or --judge (the judge)")
+    if zone is None:
+        if pool.config.evaluator is None:
+            raise ConfigError("--judge: the pool config defines no evaluator to score with")
+        database_url(settings)  # the judge writes to the trace store: fail now if none
+        return JUDGE_QUEUE, "haco-judge"
+    if zone not in pool.zones:
+        raise UnknownZoneError(f"unknown zone {zone!r}; the pool's zones are {sorted(pool.zones)}")
+    return queue_for(zone), f"haco-{zone}"
 
 
 @clean_errors
 def worker_cmd(
-    zone: Annotated[str, typer.Option(help="The zone whose queue this worker consumes")],
+    zone: Annotated[
+        str | None, typer.Option(help="The zone whose queue this worker consumes")
+    ] = None,
+    judge: Annotated[
+        bool, typer.Option("--judge", help=f"Consume the judge queue ({JUDGE_QUEUE}) instead")
+    ] = False,
     concurrency: Annotated[int | None, typer.Option(help="Threads (default: settings)")] = None,
 ) -> None:
-    """Run a Celery worker for one zone (threads pool; LLM calls are I/O)."""
+    """Run a Celery worker for one zone, or for the judge (threads pool; LLM calls are I/O)."""
     settings = HacoSettings()
-    pool = Pool(pool_from_settings(settings))
-    if zone not in pool.zones:
-        raise UnknownZoneError(f"unknown zone {zone!r}; the pool's zones are {sorted(pool.zones)}")
+    queue, name = _worker_queue(settings, zone, judge)
     if concurrency is not None and concurrency < 1:
         raise InputError(f"--concurrency={concurrency}; expected at least 1")
     app = create_app(settings, service_url(settings))
@@ -37,13 +55,13 @@ def worker_cmd(
         [
             "worker",
             "--queues",
-            queue_for(zone),
+            queue,
             "--pool",
             "threads",
             "--concurrency",
             str(concurrency or settings.worker_concurrency),
             "--hostname",
-            f"haco-{zone}@%h",
+            f"{name}@%h",
             "--loglevel",
             "INFO",
             "--without-mingle",

@@ -90,9 +90,21 @@ class HacoSettings(BaseSettings):
     harvest_dead_letter_maxlen: Annotated[int, Field(ge=1)] = 100_000
     harvest_dead_letter_ttl_s: Seconds = 30 * 86_400.0
 
+    # Profile recomputation (coordinator/recompute.py, Celery beat task haco.recompute on
+    # queue haco.maintenance): every recompute_interval_s, the profiles are rebuilt from the
+    # members that finished in the last recompute_window_s and published as a snapshot.
+    # A recompute waits up to recompute_wait_s for the harvester to store every trace up
+    # to its watermark, else it fails and the next one finishes the same epoch.
+    recompute_interval_s: Seconds = 60.0
+    recompute_window_s: Seconds = 7 * 86_400.0
+    recompute_wait_s: Seconds = 30.0
+
     # Celery. The broker's visibility timeout must exceed the longest deadline, or a
     # slow unacknowledged member would be redelivered to a second worker.
     visibility_timeout_s: Seconds = 3_600.0
     worker_concurrency: Annotated[int, Field(ge=1, le=1024)] = 16
+    # Celery task events feed Flower and `celery events`. They cost three extra broker
+    # messages per member (two before it starts), so they are opt-in.
+    task_events: bool = False
     # Simulated backends run in real time scaled by this factor (0.01 = 100× faster).
     sim_time_scale: Annotated[float, Field(gt=0.0, le=100.0)] = 0.02

@@ -38,13 +38,58 @@ def idempotency(key: str) -> str:
 
 
 def candidate_profile(candidate_id: str) -> str:
-    """String (JSON): the online candidate profile. TTL: profile_ttl_s, refreshed on write."""
+    """String (JSON): the online candidate profile of the layout before epochs. No longer
+    written: profiles are a snapshot plus per-epoch deltas (below). TTL: profile_ttl_s."""
     return f"{PREFIX}:prof:cand:{candidate_id}"
 
 
 def link_profile(link_id: str) -> str:
-    """String (JSON): the online link profile. TTL: profile_ttl_s, refreshed on write."""
+    """String (JSON): the online link profile before epochs; no longer written."""
     return f"{PREFIX}:prof:link:{link_id}"
+
+
+# Profiles (coordinator.recompute): effective profile = the snapshot's profile merged with
+# the deltas of every epoch after the snapshot's (coordinator.profiles.merge_candidate).
+# TTLs: all profile_ttl_s. The epoch key and the snapshot are refreshed by every
+# recompute (in the same MULTI), the deltas on every write. A delta is never written
+# after the recompute that outdates it, so the epoch key (never refreshed by a plain
+# write: that would break every concurrent writer's WATCH) outlives profiles only when
+# recomputes run; without recomputes for profile_ttl_s, everything expires.
+
+PROFILE_EPOCH = f"{PREFIX}:prof:epoch"
+"""String (integer): the current profile epoch, missing = 0. Only a recompute changes it
+(INCR, with the trace stream's last id as the watermark between the epochs); writers WATCH
+it, so an observation and its trace entry always land in the same epoch.
+TTL: profile_ttl_s, refreshed by every recompute."""
+
+DELTA_PREFIX = f"{PREFIX}:prof:d"
+
+
+def delta_candidate(epoch: int, candidate_id: str) -> str:
+    """String (JSON CandidateProfile): the candidate's observations of one epoch only, folded
+    from an empty profile (prior Beta(1, 1)). Deleted by the recompute whose snapshot
+    covers the epoch. TTL: profile_ttl_s, refreshed on write."""
+    return f"{DELTA_PREFIX}:{epoch}:cand:{candidate_id}"
+
+
+def delta_link(epoch: int, link_id: str) -> str:
+    """String (JSON LinkProfile): a link's observations of one epoch only. As
+    :func:`delta_candidate`. TTL: profile_ttl_s, refreshed on write."""
+    return f"{DELTA_PREFIX}:{epoch}:link:{link_id}"
+
+
+PROFILE_SNAPSHOT = f"{PREFIX}:prof:snapshot"
+"""Hash: the adopted snapshot. Fields ``version`` (profile_snapshots.version), ``epoch``
+(it covers every delta of epochs <= this), ``watermark`` (the last trace-stream id it
+covers), ``meta`` (JSON: created_at, half_life, window_s, counts), ``c:<candidate id>`` and
+``l:<link id>`` (JSON profiles). Replaced as a whole in one MULTI, so readers see the old
+snapshot or the new one, never a mix. TTL: profile_ttl_s, refreshed by every recompute."""
+
+PROFILE_SEAL = f"{PREFIX}:prof:seal"
+"""Hash: an epoch a recompute closed but has not published a snapshot for yet (fields
+``epoch``, ``watermark``, ``sealed_ms``): the next recompute finishes it instead of opening
+another epoch, so a harvester outage cannot pile up epochs. Deleted when the snapshot is
+published. TTL: profile_ttl_s."""
 
 
 def hedge_delay_window(role: str) -> str:

@@ -7,6 +7,21 @@ recomputation from stored traces agree with the online profiles.
 Every count decays with a half-life measured in observations of that profile or in
 seconds; ``half_life = inf`` (the default) never forgets, as in the paper. Decay pulls
 the Beta posterior back towards its prior ``Beta(1, 1)``, not towards zero.
+
+Merging (:func:`merge_candidate`, :func:`merge_link`): the online profiles are kept as
+*deltas*, profiles folded from an empty start over one epoch's observations only, on top
+of a snapshot recomputed from the trace store (coordinator.recompute). ``merge(fold(P),
+fold(S))`` equals ``fold(P + S)`` when S's observations all come after P's:
+
+- half-life ∞: exactly (sums add; floats up to rounding);
+- half-life in observations: exactly too — the base's counts decay by ``w`` once per
+  observation of the delta, ``w^n`` in all, and the delta's own counts were decayed as
+  they were folded;
+- half-life in seconds: the base decays by ``0.5^(max(0, last(S) − last(P)) / h)``. The
+  fold decays step by step with ``max(0, Δt)`` per step, which is the same product when
+  observation times do not go backwards in fold order; when they do (workers' clocks,
+  a slow report), the merge forgets the base a little less than the fold, by at most the
+  time the order goes backwards. That is the one approximation.
 """
 
 from __future__ import annotations
@@ -36,6 +51,10 @@ class Moments:
 
     def scaled(self, w: float) -> Moments:
         return Moments(self.n * w, self.s1 * w, self.s2 * w)
+
+    def plus(self, x: float, weight: float) -> Moments:
+        """One more value with ``weight``, without decaying what is there."""
+        return Moments(self.n + weight, self.s1 + weight * x, self.s2 + weight * x * x)
 
     @property
     def mean(self) -> float | None:
@@ -191,6 +210,32 @@ def update_candidate(
     )
 
 
+def apply_quality(
+    profile: CandidateProfile, q: float, settings: ProfileSettings, at_s: float
+) -> CandidateProfile:
+    """Fold a late judgement (the judge queue) into the Beta posterior: ``α += q``,
+    ``β += 1 − q`` (spec §2) and the quality moments, nothing else. The call itself was
+    counted when its member reported (``update_candidate`` without a quality), so calls,
+    failures, latency and ``last_seen_s`` stay as they are and no decay step is taken.
+
+    The judgement belongs to the call that finished at ``at_s``: with a half-life in
+    seconds it weighs what that call's observation weighs now, ``0.5^((last_seen − at_s)
+    / half_life)`` (1 when ``at_s`` is not older than the profile); with a half-life in
+    observations it weighs 1 (how many observations followed is not tracked)."""
+    if not 0.0 <= q <= 1.0:
+        raise InputError(f"quality={q!r}; expected a judged score in [0, 1]")
+    w = 1.0
+    last = profile.last_seen_s
+    if settings.decay_unit is DecayUnit.SECONDS and last is not None and at_s < last:
+        w = decay_weight(settings, at_s, last)
+    return replace(
+        profile,
+        alpha=profile.alpha + w * q,
+        beta=profile.beta + w * (1.0 - q),
+        quality=profile.quality.plus(q, w),
+    )
+
+
 def update_link(
     profile: LinkProfile, obs: LinkObservation, settings: ProfileSettings
 ) -> LinkProfile:
@@ -234,3 +279,76 @@ def latency_percentile(profile: CandidateProfile, q: float) -> float | None:
     ordered = sorted(profile.recent_latency_s)
     rank = max(1, math.ceil(q / 100.0 * len(ordered)))
     return ordered[rank - 1]
+
+
+def _join(a: Moments, b: Moments) -> Moments:
+    return Moments(a.n + b.n, a.s1 + b.s1, a.s2 + b.s2)
+
+
+def _merge_weight(
+    settings: ProfileSettings,
+    base_last_s: float | None,
+    delta: int | float,
+    delta_last_s: float | None,
+) -> float:
+    """How much the base's counts decay while the delta's observations were folded."""
+    if math.isinf(settings.half_life) or base_last_s is None:
+        return 1.0
+    if settings.decay_unit is DecayUnit.OBSERVATIONS:
+        return float(0.5 ** (float(delta) / settings.half_life))
+    elapsed = 0.0 if delta_last_s is None else max(0.0, delta_last_s - base_last_s)
+    return float(0.5 ** (elapsed / settings.half_life))
+
+
+def merge_candidate(
+    base: CandidateProfile | None, delta: CandidateProfile | None, settings: ProfileSettings
+) -> CandidateProfile | None:
+    """``base`` followed by ``delta`` (a profile folded from empty over later observations):
+    counts and moments add after decaying the base across the delta, Beta evidence adds
+    above the prior, the recent-latency windows concatenate (base first) and are trimmed.
+    A delta may hold late judgements only (:func:`apply_quality`, no observation): they
+    add to the Beta evidence and the quality moments, nothing decays."""
+    if delta is None:
+        return base
+    if base is None:
+        return delta
+    w = _merge_weight(settings, base.last_seen_s, delta.observations, delta.last_seen_s)
+    recent = (*base.recent_latency_s, *delta.recent_latency_s)[-settings.latency_window :]
+    return replace(
+        base,
+        alpha=PRIOR_ALPHA + (base.alpha - PRIOR_ALPHA) * w + (delta.alpha - PRIOR_ALPHA),
+        beta=PRIOR_BETA + (base.beta - PRIOR_BETA) * w + (delta.beta - PRIOR_BETA),
+        calls=base.calls * w + delta.calls,
+        delivered=base.delivered * w + delta.delivered,
+        successes=base.successes * w + delta.successes,
+        internal_failures=base.internal_failures * w + delta.internal_failures,
+        network_failures=base.network_failures * w + delta.network_failures,
+        deadline_failures=base.deadline_failures * w + delta.deadline_failures,
+        quality=_join(base.quality.scaled(w), delta.quality),
+        latency=_join(base.latency.scaled(w), delta.latency),
+        tokens_in=_join(base.tokens_in.scaled(w), delta.tokens_in),
+        tokens_out=_join(base.tokens_out.scaled(w), delta.tokens_out),
+        recent_latency_s=recent,
+        observations=base.observations + delta.observations,
+        last_seen_s=base.last_seen_s if delta.last_seen_s is None else delta.last_seen_s,
+    )
+
+
+def merge_link(
+    base: LinkProfile | None, delta: LinkProfile | None, settings: ProfileSettings
+) -> LinkProfile | None:
+    """:func:`merge_candidate` for link profiles."""
+    if delta is None or delta.observations == 0:
+        return base
+    if base is None:
+        return delta
+    w = _merge_weight(settings, base.last_seen_s, delta.observations, delta.last_seen_s)
+    return replace(
+        base,
+        transmissions=base.transmissions * w + delta.transmissions,
+        losses=base.losses * w + delta.losses,
+        bandwidth=_join(base.bandwidth.scaled(w), delta.bandwidth),
+        rtt=_join(base.rtt.scaled(w), delta.rtt),
+        observations=base.observations + delta.observations,
+        last_seen_s=delta.last_seen_s,
+    )

@@ -11,6 +11,8 @@ group's reply list, claims the winner atomically, and cancels or keeps the loser
 from __future__ import annotations
 
 import functools
+import math
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -78,6 +80,28 @@ class InvocationResult:
         return sum(m.tokens_in + m.tokens_out for m in self.members)
 
 
+WAKE = "wake"  # a token on a group's reply list: a timer is due, not a report
+WAKE_SLACK_S = 0.05  # the pop's own timeout, only a fallback should a token be lost
+
+
+class _Alarm:
+    """One pending wake-up of a group; cancelled when replaced or when the group ends."""
+
+    def __init__(self, at_s: float = math.nan) -> None:
+        self.at_s = at_s
+        self._timer: threading.Timer | None = None
+
+    def start(self, delay_s: float, action: Callable[[], None]) -> None:
+        self._timer = threading.Timer(delay_s, action)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 @dataclass
 class _Group:
     id: str
@@ -93,6 +117,7 @@ class _Group:
     reports: list[MemberReport | None] = field(default_factory=list)
     launched_at: list[float | None] = field(default_factory=list)
     backups: int = 0
+    alarm: _Alarm = field(default_factory=_Alarm)
 
     def member_id(self, rank: int) -> str:
         return f"{self.id}.{rank}"
@@ -151,7 +176,10 @@ class Coordinator:
                 )
             members = members[:1]  # side effects: the best-ranked candidate alone
         t0 = self.clock()
-        launcher = Launcher(call.launch_mode, len(members), self.delays.delay_s(inv.role), t0)
+        # The rolling delay is read only when a timer can use it (a Redis round trip).
+        staggered = call.launch_mode is LaunchMode.STAGGERED and len(members) > 1
+        delay_s = self.delays.delay_s(inv.role) if staggered else math.inf
+        launcher = Launcher(call.launch_mode, len(members), delay_s, t0)
         n = len(members)
         return _Group(
             id=self.new_id(),
@@ -234,6 +262,23 @@ class Coordinator:
         return v
 
     def _wait(self, g: _Group) -> Verdict:
+        try:
+            return self._wait_loop(g)
+        finally:
+            g.alarm.cancel()
+
+    def _arm(self, g: _Group, wake_s: float, now_s: float) -> None:
+        """Wake the blocking pop at ``wake_s``: Redis checks blocking timeouts only on
+        its own clock tick (hz, 100 ms by default), far too coarse for a hedge delay, so
+        a timer pushes a wake token onto the group's reply list instead."""
+        if wake_s == g.alarm.at_s:
+            return
+        g.alarm.cancel()
+        g.alarm = _Alarm(wake_s)
+        push = functools.partial(self.store.push_reply, g.id, WAKE, self.settings.group_ttl_s)
+        g.alarm.start(max(0.0, wake_s - now_s), push)
+
+    def _wait_loop(self, g: _Group) -> Verdict:
         while True:
             now = self.clock()
             while (launch := g.launcher.due(now)) is not None:
@@ -246,9 +291,14 @@ class Coordinator:
                 return v
             if now >= g.deadline_at:
                 return self._deadline_verdict(g)
-            wake = min(g.deadline_at, g.launcher.wake_at())
-            raw = self.store.pop_reply(g.id, max(0.0, min(wake - now, 1.0)))
-            if raw is not None:
+            timer_s = g.launcher.wake_at()
+            wake = min(g.deadline_at, timer_s)
+            if timer_s < g.deadline_at:
+                # Only launch timers need the precision; a deadline may run late by
+                # Redis's tick (≤ 100 ms at the default hz) without harm.
+                self._arm(g, wake, now)
+            raw = self.store.pop_reply(g.id, max(0.0, min(wake - now + WAKE_SLACK_S, 1.0)))
+            if raw is not None and raw != WAKE:
                 self._on_report(g, MemberReport.model_validate_json(raw))
 
     def _on_report(self, g: _Group, rep: MemberReport) -> None:

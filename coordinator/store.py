@@ -5,26 +5,34 @@ idempotency claim are ``SET NX``; a group's state moves with one ``SET``; a prof
 update is an optimistic ``WATCH``/``MULTI`` transaction that re-reads and re-applies the
 pure update of :mod:`coordinator.profiles` if another writer got there first. Every key
 is written with its TTL (see :mod:`coordinator.keys`).
+
+Profiles in Redis are a recomputed snapshot plus per-epoch deltas (:mod:`coordinator.
+epochs`): every profile write folds into the current epoch's delta, and a worker's outcome
+(:meth:`RedisStore.record_outcome`) writes its deltas and its trace entry in one
+transaction; :meth:`RedisStore.load_profiles` returns the merged, effective profiles.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import redis
 
 from coordinator import keys
+from coordinator.epochs import DeltaWrite, ProfileView, read_view, write_delta
 from coordinator.errors import StoreError
-from coordinator.profilecodec import decode_candidate, decode_link, encode
 from coordinator.profiles import (
     CandidateObservation,
     CandidateProfile,
     LinkObservation,
     LinkProfile,
+    apply_quality,
     update_candidate,
     update_link_many,
 )
@@ -34,6 +42,15 @@ OPEN = "open"
 RESOLVED = "resolved"
 CANCELLED = "cancelled"
 _MS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeLimits:
+    """TTLs and the stream cap a recorded outcome is written with (HacoSettings')."""
+
+    profile_ttl_s: float
+    trace_maxlen: int
+    trace_ttl_s: float
 
 
 class RuntimeStore(Protocol):
@@ -60,6 +77,18 @@ class RuntimeStore(Protocol):
         ttl_s: float,
     ) -> None: ...
     def append_trace(self, report: str, maxlen: int, ttl_s: float) -> None: ...
+    def record_outcome(
+        self,
+        candidate_id: str,
+        cand_obs: CandidateObservation | None,
+        link_id: str,
+        src: str,
+        dst: str,
+        link_obs: Sequence[LinkObservation],
+        report: str,
+        settings: ProfileSettings,
+        limits: OutcomeLimits,
+    ) -> None: ...
     def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None: ...
     def metrics(self) -> dict[str, int]: ...
 
@@ -71,11 +100,27 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class RedisStore:
-    """The production backend. ``client`` must not decode responses (bytes in, bytes out)."""
+def _fold_candidate(
+    prof: CandidateProfile, obs: CandidateObservation, settings: ProfileSettings
+) -> CandidateProfile:
+    return update_candidate(prof, obs, settings)
 
-    def __init__(self, client: redis.Redis) -> None:
+
+def _fold_link(
+    prof: LinkProfile, obs: Sequence[LinkObservation], settings: ProfileSettings
+) -> LinkProfile:
+    return update_link_many(prof, obs, settings)
+
+
+class RedisStore:
+    """The production backend. ``client`` must not decode responses (bytes in, bytes out).
+    ``profile_settings`` is how deltas merge onto the snapshot (the workers' decay)."""
+
+    def __init__(
+        self, client: redis.Redis, profile_settings: ProfileSettings | None = None
+    ) -> None:
         self.r = client
+        self.profile_settings = profile_settings or ProfileSettings()
 
     def _guard(self, what: str, fn: Callable[[], P]) -> P:
         try:
@@ -138,34 +183,40 @@ class RedisStore:
 
         return self._guard("claim an idempotency key", claim)
 
+    def load_view(self, candidate_ids: Sequence[str], link_ids: Sequence[str]) -> ProfileView:
+        """Effective profiles (snapshot + later deltas, one atomic read) and their version."""
+        return self._guard(
+            "load profiles",
+            lambda: read_view(self.r, candidate_ids, link_ids, self.profile_settings),
+        )
+
     def load_profiles(
         self, candidate_ids: Sequence[str], link_ids: Sequence[str]
     ) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]:
-        names = [keys.candidate_profile(c) for c in candidate_ids]
-        names += [keys.link_profile(link) for link in link_ids]
-        raw = self._guard("load profiles", lambda: self.r.mget(names)) if names else []
-        n = len(candidate_ids)
-        cands = {c: decode_candidate(v) for c, v in zip(candidate_ids, raw[:n], strict=True) if v}
-        links = {lk: decode_link(v) for lk, v in zip(link_ids, raw[n:], strict=True) if v}
-        return cands, links
+        if not candidate_ids and not link_ids:
+            return {}, {}
+        view = self.load_view(candidate_ids, link_ids)
+        return view.candidates, view.links
 
-    def _transact(self, key: str, apply: Callable[[bytes | None], str], ttl_s: float) -> None:
-        def txn(pipe: redis.client.Pipeline) -> None:
-            current = pipe.get(key)
-            new = apply(current if isinstance(current, bytes) else None)
-            pipe.multi()
-            pipe.set(key, new, px=int(ttl_s * _MS))
-
-        self._guard("update a profile", lambda: self.r.transaction(txn, key))
+    def _write(self, what: str, write: DeltaWrite, ttl_s: float) -> None:
+        self._guard(what, lambda: write_delta(self.r, write, ttl_s))
 
     def update_candidate(
         self, candidate_id: str, obs: CandidateObservation, settings: ProfileSettings, ttl_s: float
     ) -> None:
-        def apply(cur: bytes | None) -> str:
-            prof = decode_candidate(cur) if cur else CandidateProfile(candidate_id)
-            return encode(update_candidate(prof, obs, settings))
+        fold = functools.partial(_fold_candidate, obs=obs, settings=settings)
+        self._write("update a profile", DeltaWrite(candidate=(candidate_id, fold)), ttl_s)
 
-        self._transact(keys.candidate_profile(candidate_id), apply, ttl_s)
+    def apply_quality(
+        self, candidate_id: str, q: float, settings: ProfileSettings, ttl_s: float, at_s: float
+    ) -> None:
+        """A late judgement into the candidate's Beta (profiles.apply_quality), no call
+        counted; WATCH/MULTI like :meth:`update_candidate`."""
+
+        def judge(prof: CandidateProfile) -> CandidateProfile:
+            return apply_quality(prof, q, settings, at_s)
+
+        self._write("update a profile", DeltaWrite(candidate=(candidate_id, judge)), ttl_s)
 
     def update_link(
         self,
@@ -176,11 +227,39 @@ class RedisStore:
         settings: ProfileSettings,
         ttl_s: float,
     ) -> None:
-        def apply(cur: bytes | None) -> str:
-            prof = decode_link(cur) if cur else LinkProfile(src, dst)
-            return encode(update_link_many(prof, obs, settings))
+        fold = functools.partial(_fold_link, obs=obs, settings=settings)
+        self._write("update a profile", DeltaWrite(link=(link_id, src, dst, fold)), ttl_s)
 
-        self._transact(keys.link_profile(link_id), apply, ttl_s)
+    def record_outcome(
+        self,
+        candidate_id: str,
+        cand_obs: CandidateObservation | None,
+        link_id: str,
+        src: str,
+        dst: str,
+        link_obs: Sequence[LinkObservation],
+        report: str,
+        settings: ProfileSettings,
+        limits: OutcomeLimits,
+    ) -> None:
+        """One member's outcome in one transaction: fold the observations into the current
+        epoch's deltas and append the trace, so the trace's stream id and the epoch it was
+        counted in agree (see coordinator.epochs). ``cand_obs=None``: trace only."""
+        cand = link = None
+        if cand_obs is not None:
+            cand = (
+                candidate_id,
+                functools.partial(_fold_candidate, obs=cand_obs, settings=settings),
+            )
+        if link_obs:
+            link = (
+                link_id,
+                src,
+                dst,
+                functools.partial(_fold_link, obs=link_obs, settings=settings),
+            )
+        write = DeltaWrite(cand, link, report, limits.trace_maxlen, limits.trace_ttl_s)
+        self._write("record an outcome", write, limits.profile_ttl_s)
 
     def append_trace(self, report: str, maxlen: int, ttl_s: float) -> None:
         def append() -> None:
@@ -274,6 +353,13 @@ class MemoryStore:
             prof = self.candidates.get(candidate_id) or CandidateProfile(candidate_id)
             self.candidates[candidate_id] = update_candidate(prof, obs, settings)
 
+    def apply_quality(
+        self, candidate_id: str, q: float, settings: ProfileSettings, ttl_s: float, at_s: float
+    ) -> None:
+        with self._lock:
+            prof = self.candidates.get(candidate_id) or CandidateProfile(candidate_id)
+            self.candidates[candidate_id] = apply_quality(prof, q, settings, at_s)
+
     def update_link(
         self,
         link_id: str,
@@ -291,6 +377,25 @@ class MemoryStore:
         with self._lock:
             self.traces.append(report)
             del self.traces[:-maxlen]
+
+    def record_outcome(
+        self,
+        candidate_id: str,
+        cand_obs: CandidateObservation | None,
+        link_id: str,
+        src: str,
+        dst: str,
+        link_obs: Sequence[LinkObservation],
+        report: str,
+        settings: ProfileSettings,
+        limits: OutcomeLimits,
+    ) -> None:
+        with self._lock:  # one lock: the same all-or-nothing as Redis' MULTI
+            if cand_obs is not None:
+                self.update_candidate(candidate_id, cand_obs, settings, limits.profile_ttl_s)
+            if link_obs:
+                self.update_link(link_id, src, dst, link_obs, settings, limits.profile_ttl_s)
+            self.append_trace(report, limits.trace_maxlen, limits.trace_ttl_s)
 
     def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None:
         with self._lock:

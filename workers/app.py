@@ -5,13 +5,18 @@ tasks are acknowledged late and rejected (requeued) when their worker is lost, o
 time per worker thread; their results are ignored — members reply on their group's
 Redis list, which is the only reply path. The broker is Redis database
 :data:`coordinator.keys.BROKER_DB`, apart from HACO's own keys.
+
+The judge queue ``haco.judge`` (`haco worker --judge`) scores successful members that
+came back without a quality, when the pool config has an ``[evaluator]``
+(:mod:`coordinator.judge`); its worker also needs the trace store (HACO_DATABASE_URL or
+the embedded Postgres). Counters ``judge_<outcome>`` go to ``keys.METRICS``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -19,19 +24,35 @@ import redis
 from celery import Celery
 from pydantic import ValidationError
 
-from coordinator import keys
+from coordinator import embedded_pg, keys
 from coordinator.config import HacoSettings
-from coordinator.errors import ConfigError, InputError
+from coordinator.errors import ConfigError, DatabaseError, InputError, StoreError
 from coordinator.hedgedelay import RedisDelayWindow
+from coordinator.judge import (
+    CallableScorer,
+    Judged,
+    JudgeTask,
+    LLMJudge,
+    Outcome,
+    Scorer,
+    SimJudge,
+    judge_member,
+)
 from coordinator.store import RedisStore
-from schemas.models import MemberTask
-from schemas.pool import SimSection
+from schemas.models import Candidate, MemberReport, MemberTask
+from schemas.pool import PoolConfig, SimSection
 from workers.backends.base import Backend
 from workers.backends.sim import SimBackend
+from workers.maintenance import register_maintenance
 from workers.member import MemberContext, execute_member
 
 MEMBER_TASK = "haco.member"
+JUDGE_TASK = JUDGE_QUEUE = "haco.judge"
+# A judge task that finds no member row (not harvested yet), or cannot reach Postgres or
+# Redis, is retried after 0.5 s, doubling up to 60 s, at most 25 times (~19 min).
+JUDGE_RETRY_FIRST_S, JUDGE_RETRY_MAX_S, JUDGE_MAX_RETRIES = 0.5, 60.0, 25
 log = logging.getLogger(__name__)
+JudgeSender = Callable[[dict[str, Any]], None]
 
 
 def queue_for(zone: str) -> str:
@@ -50,42 +71,124 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def judge_task_for(task: MemberTask, report: MemberReport) -> JudgeTask:
+    t = report.trace
+    return JudgeTask(
+        member_id=t.member_id,
+        candidate_id=t.candidate_id,
+        finished_at_s=t.finished_at_s,
+        request=task.payload,
+        output=report.output or "",
+    )
+
+
+def database_url(settings: HacoSettings) -> str:
+    """HACO_DATABASE_URL, else the embedded Postgres of the state dir (never started here)."""
+    url = settings.database_url or embedded_pg.discover(settings.state_dir)
+    if not url:
+        raise DatabaseError(
+            "the judge needs the trace store: HACO_DATABASE_URL is unset and no embedded "
+            f"Postgres runs under {str(settings.state_dir)!r}"
+        )
+    return url
+
+
 class WorkerRuntime:
     """Per-process state of a worker, built on first use (no import-time side effects)."""
 
-    def __init__(self, settings: HacoSettings, redis_url: str) -> None:
+    def __init__(
+        self, settings: HacoSettings, redis_url: str, send_judge: JudgeSender | None = None
+    ) -> None:
         self.settings = settings
         self.redis_url = redis_url
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._ctx: MemberContext | None = None
         self._sims: dict[tuple[str, float], SimBackend] = {}
+        self._client: redis.Redis | None = None
+        self._pool: PoolConfig | None = None
+        self._scorer: Scorer | None = None
+        self._db_url: str | None = None
+        self._send_judge = send_judge
+
+    def _redis(self) -> redis.Redis:
+        with self._lock:
+            if self._client is None:
+                self._client = redis.Redis.from_url(with_db(self.redis_url, keys.APP_DB))
+            return self._client
 
     def context(self) -> MemberContext:
         with self._lock:
             if self._ctx is None:
-                client = redis.Redis.from_url(with_db(self.redis_url, keys.APP_DB))
-                self._client = client
+                client = self._redis()
                 self._ctx = MemberContext(
                     store=RedisStore(client),
                     backends=self.backend_for,
                     settings=self.settings,
                     delays=RedisDelayWindow(client, self.settings),
+                    judge=self._judge_sender(),
                 )
             return self._ctx
 
+    def pool(self) -> PoolConfig:
+        with self._lock:
+            if self._pool is None:
+                from coordinator.poolconfig import pool_from_settings  # noqa: PLC0415
+
+                self._pool = pool_from_settings(self.settings)
+            return self._pool
+
+    def _judge_sender(self) -> Callable[[MemberTask, MemberReport], None] | None:
+        send = self._send_judge
+        if send is None or self.pool().evaluator is None:
+            return None
+        return lambda task, report: send(judge_task_for(task, report).model_dump(mode="json"))
+
+    def scorer(self) -> Scorer:
+        """The scorer the pool config's ``[evaluator]`` describes, built once."""
+        with self._lock:
+            if self._scorer is None:
+                self._scorer = self._build_scorer(self.pool())
+            return self._scorer
+
+    def _build_scorer(self, pool: PoolConfig) -> Scorer:
+        ev = pool.evaluator
+        if ev is None:
+            raise ConfigError("the pool config defines no evaluator: the judge has no scorer")
+        if ev.scorer == "callable":
+            return CallableScorer(ev.callable or "")
+        if ev.scorer == "sim":
+            from coordinator.poolconfig import sim_scenario  # noqa: PLC0415
+
+            return SimJudge.for_model(sim_scenario(pool.sim or SimSection()), ev.model)
+        cand = next(c for c in pool.evaluators if c.id == ev.candidate)
+        return LLMJudge(self.backend_for_candidate(cand), cand, ev.prompt)
+
+    def judge(self, task: JudgeTask) -> Judged:
+        """Score one member and apply it (coordinator.judge.judge_member); counted."""
+        scorer, store = self.scorer(), RedisStore(self._redis())
+        if self._db_url is None:
+            self._db_url = database_url(self.settings)
+        with embedded_pg.connect(self._db_url) as conn:
+            done = judge_member(task, scorer, store, conn, ttl_s=self.settings.profile_ttl_s)
+        store.incr_metrics({f"judge_{done.outcome.value}": 1}, self.settings.profile_ttl_s)
+        return done
+
     def _faults(self) -> Mapping[str, float]:
-        raw = self._client.hgetall(keys.SIM_FAULTS)
+        raw = self._redis().hgetall(keys.SIM_FAULTS)
         return {_text(k): float(v) for k, v in raw.items()}
 
     def _effect(self, task: MemberTask) -> None:
         key = keys.sim_effects(task.idempotency_key or task.member_id)
-        pipe = self._client.pipeline(transaction=True)
+        pipe = self._redis().pipeline(transaction=True)
         pipe.incr(key)
         pipe.pexpire(key, int(self.settings.idempotency_ttl_s * 1000))
         pipe.execute()
 
     def backend_for(self, task: MemberTask) -> Backend:
-        spec = task.candidate.backend
+        return self.backend_for_candidate(task.candidate)
+
+    def backend_for_candidate(self, candidate: Candidate) -> Backend:
+        spec = candidate.backend
         if spec.kind != "sim":
             raise InputError(f"backend kind {spec.kind!r} is not available in this worker")
         sim = SimSection.model_validate(spec.settings.get("sim", {}))
@@ -120,14 +223,20 @@ def create_app(settings: HacoSettings, redis_url: str) -> Celery:
         worker_concurrency=settings.worker_concurrency,
         worker_hijack_root_logger=False,
         task_serializer="json",
+        task_routes={JUDGE_TASK: {"queue": JUDGE_QUEUE}},
         accept_content=["json"],
-        # Flower and `celery events` see member tasks only with events on.
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Flower and `celery events` see member tasks only with events on (opt-in).
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
     )
-    runtime = WorkerRuntime(settings, redis_url)
+    runtime = WorkerRuntime(
+        settings,
+        redis_url,
+        lambda payload: app.send_task(JUDGE_TASK, args=[payload], queue=JUDGE_QUEUE),
+    )
 
-    @app.task(name=MEMBER_TASK, ignore_result=True, acks_late=True)
+    # shared=False: the task belongs to this app only, never Celery's implicit registry.
+    @app.task(name=MEMBER_TASK, ignore_result=True, acks_late=True, shared=False)
     def member(payload: dict[str, Any]) -> None:
         try:
             task = MemberTask.model_validate(payload)
@@ -138,5 +247,45 @@ def create_app(settings: HacoSettings, redis_url: str) -> Celery:
             return
         execute_member(task, runtime.context())
 
+    @app.task(
+        name=JUDGE_TASK,
+        bind=True,
+        ignore_result=True,
+        acks_late=True,
+        max_retries=None,
+        shared=False,
+    )
+    def judge(self: Any, payload: dict[str, Any]) -> None:
+        try:
+            task = JudgeTask.model_validate(payload)
+        except ValidationError as exc:
+            log.error("rejected judge task payload: %s", exc)  # dropped, as for members
+            return
+        try:
+            done = runtime.judge(task)
+        except (DatabaseError, StoreError) as exc:
+            _retry_judge(self, task, f"the trace store or Redis failed: {exc}")
+            return
+        except InputError as exc:  # a member row of another candidate, a bad config
+            log.error("judge task for member %s dropped: %s", task.member_id, exc)
+            return
+        if done.outcome is Outcome.NOT_FOUND:
+            _retry_judge(self, task, "its row is not in the trace store yet")
+        elif done.outcome is Outcome.UNSCORED:
+            log.warning("member %s not judged: %s", task.member_id, done.reason)
+        else:
+            log.info("member %s judged: %s %s", task.member_id, done.outcome.value, done.score)
+
+    register_maintenance(app, settings, with_db(redis_url, keys.APP_DB))  # haco.recompute
     app.conf.haco_runtime = runtime
     return app
+
+
+def _retry_judge(celery_task: Any, task: JudgeTask, why: str) -> None:
+    """Retry with a doubling countdown; after JUDGE_MAX_RETRIES, drop with an ERROR."""
+    n = int(celery_task.request.retries)
+    if n >= JUDGE_MAX_RETRIES:
+        log.error("judgement of member %s dropped after %d retries: %s", task.member_id, n, why)
+        return
+    log.info("judgement of member %s retried (%s)", task.member_id, why)
+    raise celery_task.retry(countdown=min(JUDGE_RETRY_MAX_S, JUDGE_RETRY_FIRST_S * 2**n))

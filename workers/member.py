@@ -5,7 +5,8 @@ Order of work: check the group (a cancelled, resolved-and-cancelling or vanished
 member never starts; nor one past its deadline), run the backend with a cooperative
 cancel check, commit the side effect at most once per idempotency key, then report:
 the reply first (it is on the caller's critical path), then the shared profiles, the
-hedge-delay window and the trace stream (harvesting).
+hedge-delay window and the trace stream (harvesting). Last, a success that came back
+without a judged quality (a real backend) goes to the judge, when one is configured.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from coordinator.hedgedelay import DelayWindow
 from coordinator.profiles import CandidateObservation
 from coordinator.settings import ProfileSettings
 from coordinator.stats import link_id
-from coordinator.store import CANCELLED, RuntimeStore
+from coordinator.store import CANCELLED, OutcomeLimits, RuntimeStore
 from schemas.enums import FailureKind, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.backends.base import Backend, BackendResult
@@ -40,6 +41,8 @@ class MemberContext:
     delays: DelayWindow | None = None
     profile_settings: ProfileSettings = field(default_factory=ProfileSettings)
     clock: Clock = time.time
+    # Enqueues a judge task (workers.app: the haco.judge queue); None = no evaluator.
+    judge: Callable[[MemberTask, MemberReport], None] | None = None
 
 
 def _not_started(task: MemberTask, kind: FailureKind, reason: str, now: float) -> MemberReport:
@@ -117,7 +120,20 @@ def execute_member(task: MemberTask, ctx: MemberContext) -> MemberReport:
     # Profiles learn from what the call did, even when its side effect was not
     # committed because another member held the idempotency key first.
     _harvest(task, result, report, ctx)
+    _send_to_judge(task, report, ctx)
     return report
+
+
+def _send_to_judge(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:
+    """After the trace is appended (the judge needs the harvested row)."""
+    if ctx.judge is None or report.trace.status is not MemberStatus.SUCCEEDED:
+        return
+    if report.trace.quality is not None or report.output is None:
+        return  # judged by its backend (the simulator)
+    try:
+        ctx.judge(task, report)
+    except Exception:  # the member is done and reported: a lost judgement is only logged
+        log.exception("member %s: the judge task could not be enqueued", task.member_id)
 
 
 def _commit_once(
@@ -132,6 +148,7 @@ def _commit_once(
         return BackendResult(
             FailureKind.CANCELLED,
             f"idempotency key {task.idempotency_key!r} already taken by {holder}",
+            quality=result.quality,  # the output was judged: the trace keeps it for recompute
             tokens_in=result.tokens_in,
             tokens_out=result.tokens_out,
             proc_latency_s=result.proc_latency_s,
@@ -148,8 +165,9 @@ def _reply(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:
 def _harvest(
     task: MemberTask, res: BackendResult, report: MemberReport, ctx: MemberContext
 ) -> None:
-    s, store = ctx.settings, ctx.store
+    s = ctx.settings
     failure = res.failure
+    obs, legs = None, []
     if failure is not FailureKind.CANCELLED:
         obs = CandidateObservation(
             at_s=report.trace.finished_at_s,
@@ -160,17 +178,14 @@ def _harvest(
             tokens_in=res.tokens_in,
             tokens_out=res.tokens_out,
         )
-        store.update_candidate(task.candidate.id, obs, ctx.profile_settings, s.profile_ttl_s)
-        if res.link_observations:
-            src, dst = task.caller_zone, task.candidate.zone
-            store.update_link(
-                link_id(src, dst),
-                src,
-                dst,
-                res.link_observations,
-                ctx.profile_settings,
-                s.profile_ttl_s,
-            )
+        legs = res.link_observations
         if failure is None and ctx.delays is not None:
             ctx.delays.record(task.candidate.role, report.trace.latency_s)
-    store.append_trace(report.model_dump_json(), s.trace_stream_maxlen, s.trace_stream_ttl_s)
+    # Profiles and trace in one transaction: the trace's stream id and the profile epoch
+    # it was counted in agree, which the periodic recompute relies on (coordinator.epochs).
+    src, dst = task.caller_zone, task.candidate.zone
+    limits = OutcomeLimits(s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s)
+    ctx.store.record_outcome(
+        task.candidate.id, obs, link_id(src, dst), src, dst, legs, report.model_dump_json(),
+        ctx.profile_settings, limits,
+    )  # fmt: skip

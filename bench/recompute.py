@@ -1,0 +1,262 @@
+"""Recompute benchmark: profile recomputation over 1M member rows, and how fast a snapshot
+is adopted by another process.
+
+    python bench/recompute.py [--rows 1000000] [--candidates 24] [--repeats 3]
+
+Creates a throwaway database in the Postgres at --pg-url (dropped at the end), applies
+the migrations, COPYs --rows synthetic member rows (finished within the last day, stream
+ids increasing) and derives one link observation per member as the harvester does. Then:
+
+- aggregation: the recompute's SQL (coordinator.recompute.aggregate) over every row,
+  median of --repeats, with no decay (the default) and with a half-life in observations;
+- recompute: a whole ``recompute()`` (seal, wait, aggregate, insert, publish) on Redis
+  database --redis-url (flushed first and last), median of --repeats;
+- adoption: a second process polls ``RedisStore.load_view`` (what every invocation
+  does) for the pool's candidates; the main process publishes --samples snapshots and
+  the poller reports when it first saw each version. Latency = seen - publish started
+  (encoding the snapshot + one MULTI), p50/p95; apart: the publish itself, the time from
+  the end of the publish to the sighting (bounded by one load_view round, whose p50 is
+  reported too).
+
+A rich table goes to stderr, JSON to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+import redis  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from coordinator import epochs  # noqa: E402
+from coordinator.config import HacoSettings  # noqa: E402
+from coordinator.migrate import migrate  # noqa: E402
+from coordinator.recompute import aggregate, recompute  # noqa: E402
+from coordinator.settings import DecayUnit, ProfileSettings  # noqa: E402
+from coordinator.store import RedisStore  # noqa: E402
+
+ZONES = ("us", "eu", "ap")
+COLUMNS = (
+    "member_id, group_id, candidate_id, role, zone, caller_zone, model, rank, started_at, "
+    "finished_at, status, failure_kind, failure_reason, quality, latency_s, proc_latency_s, "
+    "tokens_in, tokens_out, bytes_sent, rtt_s, bandwidth_bps, lost, stream_id"
+)
+LINKS_SQL = """
+INSERT INTO link_observations (member_id, link_id, observed_at, bytes, lost, transfer_s, rtt_s)
+SELECT member_id, caller_zone || '->' || zone, finished_at, bytes_sent, lost,
+    CASE WHEN bandwidth_bps > 0 THEN bytes_sent / bandwidth_bps END, rtt_s
+FROM members WHERE bytes_sent > 0 OR lost OR rtt_s IS NOT NULL
+"""
+
+
+def rows(n: int, candidates: int, t0: datetime, ms0: int) -> Iterator[tuple[Any, ...]]:
+    span = 86_000.0 / n  # seconds between finishes: the rows span the last day
+    for i in range(n):
+        c = i % candidates
+        zone = ZONES[c % 3]
+        kind = ("internal", "network", None, None, None, None, None, None, None, None)[i % 10]
+        end = t0 + timedelta(seconds=i * span)
+        ok = kind is None
+        yield (
+            f"m{i}", f"g{i // 3}", f"cand-{c}", "coder", zone, "eu", "sim", i % 3,
+            end - timedelta(seconds=1.2), end, "succeeded" if ok else "failed", kind,
+            None if ok else "boom", (i % 97) / 97 if ok else None, 1.3,
+            0.5 + (i % 53) / 10 if ok else None, 512, 256 if ok else 0, 2048,
+            0.08 if kind != "network" else None, 2e6 if kind != "network" else None,
+            kind == "network", f"{ms0 + i // 4}-{i % 4}",
+        )  # fmt: skip
+
+
+def load(url: str, n: int, candidates: int) -> tuple[str, float]:
+    """COPY the rows, derive the link rows, ANALYZE; returns the watermark and COPY s."""
+    t0 = datetime.now(UTC) - timedelta(days=1)
+    ms0 = int(t0.timestamp() * 1000)
+    with psycopg.connect(url, autocommit=True) as conn:
+        start = time.perf_counter()
+        with conn.cursor() as cur, cur.copy(f"COPY members ({COLUMNS}) FROM STDIN") as copy:
+            for row in rows(n, candidates, t0, ms0):
+                copy.write_row(row)
+        copy_s = time.perf_counter() - start
+        conn.execute(LINKS_SQL)
+        conn.execute("ANALYZE members")
+        conn.execute("ANALYZE link_observations")
+    return f"{ms0 + (n - 1) // 4}-{(n - 1) % 4}", copy_s
+
+
+def time_aggregate(url: str, watermark: str, cfg: ProfileSettings, repeats: int) -> list[float]:
+    now = datetime.now(UTC)
+    out = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            cands, _ = aggregate(conn, watermark, now - timedelta(days=7), now, cfg)
+            out.append(time.perf_counter() - start)
+            assert cands, "no candidate aggregated"
+    return out
+
+
+def time_recompute(url: str, redis_url: str, repeats: int) -> list[dict[str, Any]]:
+    client = redis.Redis.from_url(redis_url)
+    s = HacoSettings(recompute_wait_s=5.0)
+    out = []
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(repeats):
+                start = time.perf_counter()
+                res = recompute(client, conn, s)
+                out.append({**res.to_dict(), "total_s": time.perf_counter() - start})
+    finally:
+        client.close()
+    return out
+
+
+def poller(redis_url: str, ids: list[str], links: list[str], q: Any, stop: Any) -> None:
+    """Second process: load_view in a loop; report (version, wall time first seen)."""
+    client = redis.Redis.from_url(redis_url)
+    store = RedisStore(client)
+    seen, calls = None, []
+    while not stop.is_set():
+        t = time.perf_counter()
+        view = store.load_view(ids, links)
+        calls.append(time.perf_counter() - t)
+        if view.version != seen:
+            seen = view.version
+            q.put(("seen", view.version, time.time()))
+    q.put(("calls", statistics.median(calls), len(calls)))
+    client.close()
+
+
+def adoption(redis_url: str, samples: int, candidates: int) -> dict[str, Any]:
+    client = redis.Redis.from_url(redis_url)
+    meta = epochs.snapshot_meta(client)
+    assert meta is not None, "run a recompute first"
+    ids = [f"cand-{c}" for c in range(candidates)]
+    links = [f"eu->{z}" for z in ZONES]
+    store = RedisStore(client)
+    view = store.load_view(ids, links)
+    seal = epochs.Seal(meta["epoch"], meta["watermark"], 0, False)
+    ctx = mp.get_context("spawn")
+    q, stop = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=poller, args=(redis_url, ids, links, q, stop))
+    proc.start()
+    assert q.get(timeout=30)[1] == meta["version"]
+    lat: list[float] = []
+    publish: list[float] = []
+    visible: list[float] = []
+    for k in range(samples):
+        version = 1_000_000 + k
+        snap = epochs.Snapshot(version, seal, view.candidates, view.links, {"bench": True})
+        started = time.time()
+        epochs.publish(client, snap, 600.0)
+        done = time.time()
+        publish.append(done - started)
+        kind, got, at = q.get(timeout=30)
+        assert kind == "seen" and got == version, (kind, got)
+        lat.append(at - started)
+        visible.append(max(0.0, at - done))
+        time.sleep(0.01)
+    stop.set()
+    _, load_p50, n_calls = q.get(timeout=30)
+    proc.join(10)
+    client.close()
+    lat.sort()
+    return {
+        "samples": samples,
+        "p50_ms": 1000 * statistics.median(lat),
+        "p95_ms": 1000 * lat[int(0.95 * (len(lat) - 1))],
+        "max_ms": 1000 * lat[-1],
+        "publish_p50_ms": 1000 * statistics.median(publish),
+        "seen_after_publish_p50_ms": 1000 * statistics.median(visible),
+        "load_view_p50_ms": 1000 * load_p50,
+        "load_view_calls": n_calls,
+        "candidates": candidates,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--candidates", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=100)
+    ap.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/test")
+    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
+    args = ap.parse_args()
+    err = Console(stderr=True)
+    name = f"haco_bench_recompute_{uuid.uuid4().hex[:8]}"
+    admin = psycopg.connect(args.pg_url, autocommit=True)
+    admin.execute(f'CREATE DATABASE "{name}"'.encode())
+    url = args.pg_url.rsplit("/", 1)[0] + f"/{name}"
+    r = redis.Redis.from_url(args.redis_url)
+    r.flushdb()
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn)
+        err.print(f"loading {args.rows} member rows into {name} …")
+        watermark, copy_s = load(url, args.rows, args.candidates)
+        by_obs = ProfileSettings(half_life=1000.0, decay_unit=DecayUnit.OBSERVATIONS)
+        agg = time_aggregate(url, watermark, ProfileSettings(), args.repeats)
+        agg_decay = time_aggregate(url, watermark, by_obs, args.repeats)
+        whole = time_recompute(url, args.redis_url, args.repeats)
+        adopt = adoption(args.redis_url, args.samples, args.candidates)
+    finally:
+        r.flushdb()
+        r.close()
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+        admin.close()
+    result = {
+        "rows": args.rows,
+        "candidates": args.candidates,
+        "copy_s": copy_s,
+        "aggregate_s": {"runs": agg, "median": statistics.median(agg)},
+        "aggregate_decay_obs_s": {"runs": agg_decay, "median": statistics.median(agg_decay)},
+        "recompute_s": {
+            "runs": [w["total_s"] for w in whole],
+            "median": statistics.median(w["total_s"] for w in whole),
+            "last": whole[-1],
+        },
+        "adoption": adopt,
+        "goal_recompute_s": 2.0,
+    }
+    t = Table(
+        title=f"profile recompute over {args.rows:,} member rows ({args.candidates} candidates)"
+    )
+    t.add_column("measure")
+    t.add_column("median", justify="right")
+    t.add_column("runs", justify="right")
+    fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    t.add_row("aggregation SQL, no decay (s)", f"{result['aggregate_s']['median']:.3f}", fmt(agg))
+    t.add_row("aggregation SQL, decay by observations (s)",
+              f"{result['aggregate_decay_obs_s']['median']:.3f}", fmt(agg_decay))  # fmt: skip
+    t.add_row("whole recompute (s, goal ≤ 2)", f"{result['recompute_s']['median']:.3f}",
+              fmt(result["recompute_s"]["runs"]))  # fmt: skip
+    t.add_row("snapshot adoption by a 2nd process p50 / p95 (ms)",
+              f"{adopt['p50_ms']:.2f} / {adopt['p95_ms']:.2f}",
+              f"{adopt['samples']} samples")  # fmt: skip
+    t.add_row("  of which publish (encode + MULTI) p50 (ms)", f"{adopt['publish_p50_ms']:.2f}", "")
+    t.add_row("  seen after the publish returned p50 (ms)",
+              f"{adopt['seen_after_publish_p50_ms']:.2f}", "")  # fmt: skip
+    t.add_row(
+        "load_view p50 (ms)", f"{adopt['load_view_p50_ms']:.3f}", str(adopt["load_view_calls"])
+    )
+    err.print(t)
+    print(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

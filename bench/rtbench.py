@@ -1,0 +1,307 @@
+"""The four runtime measurements of bench/runtime.py, each returning a JSON-able dict.
+
+Every call has a deadline, every load phase a fixed duration, every thread a join
+timeout: nothing here can run unbounded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import redis
+from bare_celery import create_bare_app, send_echo
+from rtlib import (
+    READY_TIMEOUT_S,
+    Marks,
+    Services,
+    count_stream,
+    own_latency,
+    pct,
+    read_traces,
+    summary_ms,
+    timed_client,
+)
+
+from coordinator import keys
+from coordinator.client import HacoClient
+from workers.app import queue_for, with_db
+
+CALL_DEADLINE_S = 30.0
+JOIN_TIMEOUT_S = 60.0
+HEDGED = {"tau": 0.9999, "winner_mode": "first"}  # τ out of reach: the whole pool runs
+
+
+def wait_ready(client: HacoClient, role: str, svc: Services) -> None:
+    try:
+        client.invoke(role, "ready?", deadline_s=READY_TIMEOUT_S)
+    except Exception as exc:
+        raise RuntimeError(f"HACO worker not ready: {exc}\n{svc.log_tail('local')}") from exc
+
+
+def _drain(svc: Services, limit_s: float = 10.0) -> None:
+    """Wait until both broker queues are empty, then a little for the last members."""
+    with redis.Redis.from_url(with_db(svc.url, keys.BROKER_DB)) as broker:
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end and (
+            broker.llen(queue_for("local")) or broker.llen("bench.bare")
+        ):
+            time.sleep(0.05)
+    time.sleep(0.3)
+
+
+# ---------------------------------------------------------------- 1. dispatch overhead
+
+
+def _breakdown(t0: float, t1: float, gid: str, m: dict[str, Any], marks: Marks) -> dict[str, float]:
+    """Consecutive stages of one group (they add up to its latency), for member ``m``."""
+    sent = marks.sent[gid]
+    first = min(s for s, _ in sent.values())
+    woke = marks.woke.get(gid, t1)
+    return {
+        "plan": first - t0,  # profiles, delay window, decision, group open, budget earn
+        "dispatch": m["started_at_s"] - first,  # send_task(s) → broker → worker → task start
+        "backend": own_latency(m),  # the member's own latency
+        "reply": woke - m["finished_at_s"],  # report, LPUSH, BRPOP wake-up
+        "finish": t1 - woke,  # verdict, group state, metrics, winner claim
+        "(send_task call)": sent[m["rank"]][1] - sent[m["rank"]][0],  # inside dispatch
+    }
+
+
+def haco_latency(svc: Services, role: str, n: int, opts: dict[str, Any]) -> dict[str, Any]:
+    """Sequential invocations: group latency minus the fastest member's own latency."""
+    client, marks = timed_client(svc.url)
+    rows: list[tuple[str, float, float, float]] = []
+    try:
+        wait_ready(client, role, svc)
+        for _ in range(20):
+            client.invoke(role, "warm", deadline_s=CALL_DEADLINE_S, **opts)
+        since = int(time.time() * 1000)
+        for _ in range(n):
+            t0 = time.time()
+            res = client.invoke(role, "x", deadline_s=CALL_DEADLINE_S, **opts)
+            rows.append((res.group_id, t0, time.time(), res.latency_s))
+        time.sleep(0.3)  # losers still report
+    finally:
+        client.close()
+    traces = read_traces(svc.app_redis, since)
+    e2e, coord, over_e2e, over_coord = [], [], [], []
+    parts: dict[str, list[float]] = {}
+    missing = 0
+    for gid, t0, t1, lat in rows:
+        done = [m for m in traces.get(gid, []) if m["status"] == "succeeded"]
+        if not done:
+            missing += 1  # its trace is not in the stream (yet): left out
+            continue
+        m = min(done, key=own_latency)
+        e2e.append(t1 - t0)
+        coord.append(lat)
+        over_e2e.append(t1 - t0 - own_latency(m))
+        over_coord.append(lat - own_latency(m))
+        for k, v in _breakdown(t0, t1, gid, m, marks).items():
+            parts.setdefault(k, []).append(v)
+    return {
+        "role": role,
+        "members": len(traces.get(rows[0][0], [])) if rows else 0,
+        "missing_traces": missing,
+        "group_e2e": summary_ms(e2e),
+        "group_coordinator": summary_ms(coord),
+        "overhead": summary_ms(over_e2e),
+        "overhead_coordinator": summary_ms(over_coord),
+        "breakdown_p50_ms": {k: pct(v, 50)[0] * 1e3 for k, v in parts.items()},
+        "breakdown_p99_ms": {k: pct(v, 99)[0] * 1e3 for k, v in parts.items()},
+    }
+
+
+def bare_latency(svc: Services, n: int) -> dict[str, Any]:
+    """Sequential bare-Celery round trips: send_task → worker LPUSH → BRPOP."""
+    app = create_bare_app(svc.url)
+    r = svc.app_redis
+    out: list[float] = []
+    try:
+        for i in range(n + 20):
+            t0 = time.perf_counter()
+            send_echo(app, "bench:bare:lat", str(i))
+            if r.brpop(["bench:bare:lat"], timeout=READY_TIMEOUT_S) is None:
+                raise RuntimeError(f"bare worker silent\n{svc.log_tail('bare')}")
+            if i >= 20:
+                out.append(time.perf_counter() - t0)
+    finally:
+        app.close()
+    return summary_ms(out)
+
+
+# ---------------------------------------------------------------- 2. throughput
+
+
+def _load(
+    call: Callable[[int], None],
+    clients: int,
+    warm_s: float,
+    dur_s: float,
+    cpu: Callable[[], dict[str, float]],
+) -> dict[str, Any]:
+    """``clients`` threads calling in a loop; completions and CPU inside the timed window."""
+    stop = threading.Event()
+    done: list[list[float]] = [[] for _ in range(clients)]
+    errors: list[str] = []
+
+    def loop(i: int) -> None:
+        while not stop.is_set():
+            try:
+                call(i)
+            except Exception as exc:
+                if len(errors) < 100:
+                    errors.append(repr(exc)[:200])
+                time.sleep(0.01)
+                continue
+            done[i].append(time.time())
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    lo = time.time() + warm_s
+    hi = lo + dur_s
+    time.sleep(max(0.0, lo - time.time()))
+    cpu0 = cpu()
+    time.sleep(max(0.0, hi - time.time()))
+    cpu1 = cpu()
+    stop.set()
+    for t in threads:
+        t.join(JOIN_TIMEOUT_S)
+    n = sum(1 for ts in done for t in ts if lo <= t < hi)
+    used = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    return {
+        "lo": lo,
+        "hi": hi,
+        "calls_per_s": n / dur_s,
+        "cpu_s": used,
+        "errors": errors[:5],
+        "n_errors": len(errors),
+    }
+
+
+def throughput(svc: Services, clients: int, dur_s: float, rounds: int) -> dict[str, Any]:
+    svc.start_haco()
+    svc.start_bare()
+    client, _ = timed_client(svc.url)
+    bare = create_bare_app(svc.url, svc.concurrency)
+    r = redis.Redis.from_url(with_db(svc.url, keys.APP_DB))
+    opts2 = {**HEDGED, "launch_mode": "parallel", "deadline_s": CALL_DEADLINE_S}
+    opts1 = {"deadline_s": CALL_DEADLINE_S}
+
+    def bare_call(i: int) -> None:
+        send_echo(bare, f"bench:bare:{i}", "x")
+        if r.brpop([f"bench:bare:{i}"], timeout=CALL_DEADLINE_S) is None:
+            raise RuntimeError("bare reply lost")
+
+    def haco1(i: int) -> None:
+        client.invoke("one", "x", **opts1)
+
+    def haco2(i: int) -> None:
+        client.invoke("two", "x", **opts2)
+
+    phases: dict[str, Callable[[int], None]] = {"bare": bare_call, "haco-1": haco1, "haco-2": haco2}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in phases}
+    try:
+        wait_ready(client, "one", svc)
+        bare_call(0)  # readiness of the bare worker
+        for _ in range(rounds):
+            for name, call in phases.items():
+                res = _load(call, clients, 1.0, dur_s, svc.cpu)
+                res["tasks_per_s"] = (
+                    res["calls_per_s"]
+                    if name == "bare"
+                    else count_stream(svc.app_redis, res["lo"], res["hi"]) / dur_s
+                )
+                tasks = max(1.0, res["tasks_per_s"] * dur_s)
+                res["cpu_ms_per_task"] = {k: v / tasks * 1e3 for k, v in res.pop("cpu_s").items()}
+                runs[name].append(res)
+                _drain(svc)
+    finally:
+        client.close()
+        bare.close()
+        r.close()
+    med = {k: float(np.median([x["tasks_per_s"] for x in v])) for k, v in runs.items()}
+    cpu = {
+        k: {
+            p: float(np.median([x["cpu_ms_per_task"][p] for x in v]))
+            for p in v[0]["cpu_ms_per_task"]
+        }
+        for k, v in runs.items()
+    }
+    # One Python process runs on one core at a time (GIL): 1 s / its CPU per task bounds
+    # it; the machine's cores bound the sum of every process's CPU per task.
+    ceiling = {}
+    for k, c in cpu.items():
+        worker = c["worker_bare" if k == "bare" else "worker_local"]
+        total = c["client"] + worker + c["redis"]
+        ceiling[k] = {
+            "client": 1e3 / c["client"],
+            "worker": 1e3 / worker,
+            "machine": 1e3 * (os.cpu_count() or 1) / total,
+        }
+    return {
+        "clients": clients,
+        "duration_s": dur_s,
+        "rounds": rounds,
+        "concurrency": svc.concurrency,
+        "bare_events": svc.bare_events,
+        "median_tasks_per_s": med,
+        "median_groups_per_s": {
+            k: float(np.median([x["calls_per_s"] for x in v])) for k, v in runs.items()
+        },
+        "ratio_to_bare": {k: med[k] / med["bare"] for k in med if k != "bare"},
+        "cpu_ms_per_task": cpu,
+        "ceiling_tasks_per_s": ceiling,
+        "runs": {
+            k: [{kk: vv for kk, vv in x.items() if kk not in ("lo", "hi")} for x in v]
+            for k, v in runs.items()
+        },
+    }
+
+
+# ---------------------------------------------------------------- 4. loser stop time
+
+
+def loser(svc: Services, n: int) -> dict[str, Any]:
+    svc.start_haco()
+    client, marks = timed_client(svc.url, cancel_losers=True)
+    opts = {**HEDGED, "launch_mode": "parallel", "deadline_s": CALL_DEADLINE_S}
+    gids: list[str] = []
+    try:
+        wait_ready(client, "one", svc)
+        since = int(time.time() * 1000)
+        for _ in range(n):
+            gids.append(client.invoke("stop", "x", **opts).group_id)
+        time.sleep(0.5)  # the last loser stops and reports
+    finally:
+        client.close()
+    traces = read_traces(svc.app_redis, since)
+    stops: list[float] = []
+    not_started = 0
+    statuses: dict[str, int] = {}
+    for gid in gids:
+        declared = marks.cancelled[gid]
+        for m in traces.get(gid, []):
+            if m["candidate_id"] != "stop-slow":
+                continue
+            statuses[m["status"]] = statuses.get(m["status"], 0) + 1
+            stops.append(m["finished_at_s"] - declared)
+            not_started += m["started_at_s"] >= declared
+    p50, p95, p99 = pct(stops, 50, 95, 99)
+    return {
+        "n": n,
+        "reported": len(stops),
+        "loser_status": statuses,
+        "loser_not_started_at_declaration": not_started,
+        "stop_p50_ms": p50 * 1e3,
+        "stop_p95_ms": p95 * 1e3,
+        "stop_p99_ms": p99 * 1e3,
+        "stop_max_ms": max(stops) * 1e3 if stops else math.nan,
+    }

@@ -1,0 +1,344 @@
+"""Plumbing of bench/runtime.py: the services it starts, the timestamps it takes around
+the coordinator, the trace stream it reads back, and small statistics helpers.
+
+Nothing here changes the runtime: the coordinator's store, dispatcher and delay window
+are replaced by subclasses that call the originals and note the time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import redis
+
+from coordinator import keys
+from coordinator.client import HacoClient
+from coordinator.config import HacoSettings
+from coordinator.dispatch import CeleryDispatcher
+from coordinator.embedded import EmbeddedRedis
+from coordinator.hedgedelay import RedisDelayWindow
+from coordinator.poolconfig import load_pool
+from coordinator.services import Stack
+from coordinator.store import RedisStore
+from schemas.models import MemberTask
+from workers.app import with_db
+
+BENCH = Path(__file__).resolve().parent
+POOL_FILE = BENCH / "fixtures" / "runtime_pool.toml"
+ZONE = "local"
+STOP_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 60.0
+ECHO_IN, ECHO_OUT = "bench:echo:in", "bench:echo:out"
+ECHO_IDLE_S = 30  # the echo peer exits after this long without a message
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def pct(values: Sequence[float], *qs: float) -> list[float]:
+    if not values:
+        return [float("nan")] * len(qs)
+    return [float(v) for v in np.percentile(np.asarray(values, dtype=float), qs)]
+
+
+def summary_ms(values_s: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/mean/max in milliseconds of values in seconds."""
+    p50, p90, p99 = pct(values_s, 50, 90, 99)
+    arr = np.asarray(values_s, dtype=float) if values_s else np.array([np.nan])
+    return {
+        "n": len(values_s),
+        "p50_ms": p50 * 1e3,
+        "p90_ms": p90 * 1e3,
+        "p99_ms": p99 * 1e3,
+        "mean_ms": float(arr.mean()) * 1e3,
+        "max_ms": float(arr.max()) * 1e3,
+    }
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def server_info(r: redis.Redis) -> dict[str, Any]:
+    """Version and hz of the Redis server: hz bounds how late a BRPOP timeout fires."""
+    info = r.info("server")
+    out: dict[str, Any] = {"version": info.get("valkey_version") or info.get("redis_version")}
+    with contextlib.suppress(redis.RedisError):
+        out["hz"] = int(str(r.config_get("hz").get("hz", 0)))
+    return out
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg": list(os.getloadavg()),
+        "python": sys.version.split()[0],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+# ---------------------------------------------------------------- services
+
+
+@dataclass
+class BenchStack(Stack):
+    """A Stack whose workers also get the bench's HACO_* variables."""
+
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), **self.extra_env}
+
+
+class Services:
+    """Redis (HACO_REDIS_URL, else embedded in ``tmp``), HACO workers and the bare worker.
+
+    :meth:`stop_workers` stops every worker (bare first, then HACO's), :meth:`close`
+    also stops an embedded server, after the workers.
+    """
+
+    def __init__(self, tmp: Path, concurrency: int, bare_events: bool = False) -> None:
+        self.tmp = tmp
+        self.concurrency = concurrency
+        self.bare_events = bare_events
+        self.embedded: EmbeddedRedis | None = None
+        url = os.environ.get("HACO_REDIS_URL")
+        if not url:
+            self.embedded = EmbeddedRedis(tmp / "state")
+            url = self.embedded.start()
+        self.url = url
+        self.stack = self._stack()
+        self.bare: subprocess.Popen[bytes] | None = None
+        self.app_redis = redis.Redis.from_url(with_db(url, keys.APP_DB))
+
+    def _stack(self) -> BenchStack:
+        env = {"HACO_POOL_FILE": str(POOL_FILE), "HACO_SIM_TIME_SCALE": "1.0"}
+        env["HACO_STATE_DIR"] = str(self.tmp / "state")
+        return BenchStack(self.url, None, log_dir=self.tmp / "logs", extra_env=env)
+
+    def flush(self) -> None:
+        """Empty the app DB and the broker DB: call with no worker running."""
+        for db in (keys.APP_DB, keys.BROKER_DB):
+            with redis.Redis.from_url(with_db(self.url, db)) as r:
+                r.flushdb()
+
+    def start_haco(self) -> None:
+        self.stack.start_worker(ZONE, self.concurrency)
+
+    def start_bare(self) -> None:
+        cmd = [sys.executable, str(BENCH / "bare_celery.py"), "worker", "--url", self.url]
+        cmd += ["--concurrency", str(self.concurrency)] + (["--events"] if self.bare_events else [])
+        log_dir = self.tmp / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with (log_dir / "worker-bare.log").open("ab") as log:
+            self.bare = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop_workers(self) -> None:
+        if self.bare is not None:
+            if self.bare.poll() is None:
+                self.bare.send_signal(signal.SIGTERM)
+            try:
+                self.bare.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.bare.kill()
+                self.bare.wait()
+            self.bare = None
+        self.stack.stop()  # its embedded is None: workers only
+
+    def close(self) -> None:
+        try:
+            self.stop_workers()
+        finally:
+            self.app_redis.close()
+            if self.embedded is not None:
+                self.embedded.stop()
+                self.embedded = None
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of this process, each worker and the Redis server."""
+        t = os.times()
+        out = {"client": t.user + t.system, "redis": redis_cpu_s(self.app_redis)}
+        for zone, proc in self.stack.workers.items():
+            out[f"worker_{zone}"] = proc_cpu_s(proc.pid)
+        if self.bare is not None:
+            out["worker_bare"] = proc_cpu_s(self.bare.pid)
+        return out
+
+    def log_tail(self, name: str, chars: int = 1500) -> str:
+        with contextlib.suppress(OSError):
+            return (self.tmp / "logs" / f"worker-{name}.log").read_text("utf-8", "replace")[-chars:]
+        return ""
+
+
+# ---------------------------------------------------------------- the coordinator, timed
+
+
+class Marks:
+    """Times (time.time, comparable with the workers' traces) noted around the coordinator."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+        self.woke: dict[str, float] = {}  # first reply popped
+        self.cancelled: dict[str, float] = {}  # just before the state SET
+        self.delays: list[float] = []
+        self.local = threading.local()  # the delay of the current thread's group
+
+
+class TimedStore(RedisStore):
+    def __init__(self, client: redis.Redis, marks: Marks) -> None:
+        super().__init__(client)
+        self.marks = marks
+
+    def pop_reply(self, group_id: str, timeout_s: float) -> str | None:
+        raw = super().pop_reply(group_id, timeout_s)
+        if raw is not None:
+            self.marks.woke.setdefault(group_id, time.time())
+        return raw
+
+    def set_group_state(self, group_id: str, state: str, ttl_s: float) -> None:
+        self.marks.cancelled[group_id] = time.time()
+        super().set_group_state(group_id, state, ttl_s)
+
+
+class TimedDispatcher(CeleryDispatcher):
+    def __init__(self, app: Any, zones: frozenset[str], marks: Marks) -> None:
+        super().__init__(app, zones)
+        self.marks = marks
+
+    def send(self, zone: str, task: MemberTask) -> None:
+        t0 = time.time()
+        super().send(zone, task)
+        self.marks.sent[task.group_id][task.rank] = (t0, time.time())
+
+
+class TimedDelays(RedisDelayWindow):
+    def __init__(self, client: redis.Redis, settings: HacoSettings, marks: Marks) -> None:
+        super().__init__(client, settings)
+        self.marks = marks
+
+    def delay_s(self, role: str) -> float:
+        d = super().delay_s(role)
+        self.marks.delays.append(d)
+        self.marks.local.delay = d
+        return d
+
+
+def timed_client(url: str, **settings: Any) -> tuple[HacoClient, Marks]:
+    """A HacoClient on the bench pool whose coordinator notes its timings in Marks."""
+    s = HacoSettings(redis_url=url, pool_file=POOL_FILE, sim_time_scale=1.0, **settings)
+    client = HacoClient(s, pool=load_pool(POOL_FILE), redis_url=url)
+    marks = Marks()
+    coord = client.coordinator
+    coord.store = TimedStore(client.redis, marks)
+    coord.dispatcher = TimedDispatcher(client.app, client.pool.zones, marks)
+    coord.delays = TimedDelays(client.redis, s, marks)
+    return client, marks
+
+
+# ---------------------------------------------------------------- traces
+
+
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+def _xrange(r: redis.Redis, start: str, end: str, count: int) -> Entries:
+    return cast(Entries, r.xrange(keys.TRACES, min=start, max=end, count=count))
+
+
+def _after(entry_id: bytes) -> str:
+    ms, seq = entry_id.decode().split("-")
+    return f"{ms}-{int(seq) + 1}"
+
+
+def read_traces(r: redis.Redis, since_ms: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """Every member trace of the stream (XADD time >= since_ms), grouped by group id."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    start = f"{since_ms}-0"
+    while True:
+        batch = _xrange(r, start, "+", 2000)
+        for _, fields in batch:
+            trace = json.loads(fields[b"report"])["trace"]
+            out[trace["group_id"]].append(trace)
+        if len(batch) < 2000:
+            return out
+        start = _after(batch[-1][0])
+
+
+def count_stream(r: redis.Redis, t0: float, t1: float) -> int:
+    """Members that finished (appended their trace) between t0 and t1 (epoch seconds)."""
+    n = 0
+    start, end = f"{int(t0 * 1000)}-0", f"{int(t1 * 1000)}-0"
+    while True:
+        batch = _xrange(r, start, end, 5000)
+        n += len(batch)
+        if len(batch) < 5000:
+            return n
+        start = _after(batch[-1][0])
+
+
+def own_latency(trace: dict[str, Any]) -> float:
+    return float(trace["finished_at_s"]) - float(trace["started_at_s"])
+
+
+# ---------------------------------------------------------------- the floor
+
+
+def echo_peer(url: str) -> None:
+    """The other process of the floor: BRPOP a message, LPUSH it back, until 'stop'."""
+    r = redis.Redis.from_url(with_db(url, keys.APP_DB))
+    while True:
+        got = r.brpop([ECHO_IN], timeout=ECHO_IDLE_S)
+        if got is None or got[1] == b"stop":
+            return
+        r.lpush(ECHO_OUT, got[1])
+
+
+def echo_floor(url: str, n: int, warmup: int = 50) -> list[float]:
+    """Round trips (s) of LPUSH → peer BRPOP → peer LPUSH → BRPOP between two processes."""
+    cmd = [sys.executable, str(BENCH / "runtime.py"), "echo-peer", "--url", url]
+    peer = subprocess.Popen(cmd)
+    r = redis.Redis.from_url(with_db(url, keys.APP_DB))
+    out: list[float] = []
+    try:
+        for i in range(warmup + n):
+            t0 = time.perf_counter()
+            r.lpush(ECHO_IN, b"x")
+            if r.brpop([ECHO_OUT], timeout=READY_TIMEOUT_S) is None:
+                raise RuntimeError("the echo peer did not answer")
+            if i >= warmup:
+                out.append(time.perf_counter() - t0)
+    finally:
+        r.lpush(ECHO_IN, b"stop")
+        try:
+            peer.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            peer.kill()
+            peer.wait()
+        r.close()
+    return out

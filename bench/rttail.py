@@ -1,0 +1,167 @@
+"""Tail cut of bench/runtime.py: a 5 ms median / 200 ms p99 backend, no hedging vs
+always-two vs staggered-with-budget, against offline oracles.
+
+The variants run interleaved, in chunks, so that a change of load on the machine hits
+them alike. The hedge budget is one fleet-wide bucket in Redis: each variant's bucket is
+saved after its chunk and restored before its next one, so none draws on another's.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
+from rtlib import Services, own_latency, pct, read_traces, summary_ms, timed_client
+
+from coordinator import keys
+
+MEDIAN_S, SIGMA = 0.005, math.log(200 / 5) / 2.326
+CHUNK = 100  # invocations of one variant before the next variant's turn
+WARMUP = 300  # unmeasured calls that fill the role's delay window
+
+STAGGERED = {**HEDGED, "launch_mode": "staggered"}
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # name: (per-call options, client settings)
+    "none": ({"idempotent": False, "winner_mode": "first"}, {}),
+    "always-two": ({**HEDGED, "launch_mode": "parallel"}, {}),
+    "staggered-p95-b5": (STAGGERED, {"hedge_delay_percentile": 95.0, "budget_ratio": 0.05}),
+    "staggered-p90-b5": (STAGGERED, {"hedge_delay_percentile": 90.0, "budget_ratio": 0.05}),
+    "staggered-p90-b10": (STAGGERED, {"hedge_delay_percentile": 90.0, "budget_ratio": 0.10}),
+}
+
+
+def run_parallel(n: int, inflight: int, fn: Callable[[int], None]) -> None:
+    """fn(0..n-1) on ``inflight`` threads."""
+    lock = threading.Lock()
+    nxt = iter(range(n))
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(nxt, None)
+            if i is None:
+                return
+            fn(i)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(inflight)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CALL_DEADLINE_S * n)
+
+
+class Variant:
+    def __init__(self, svc: Services, opts: dict[str, Any], settings: dict[str, Any]) -> None:
+        self.svc = svc
+        self.opts = opts
+        self.settings = settings
+        self.client, self.marks = timed_client(svc.url, **settings)
+        self.budget: dict[Any, Any] = {}  # this variant's bucket; empty = full
+        self.lat: list[float] = []
+        self.launched: list[int] = []
+        self.backups = 0
+        self.lags: list[float] = []
+        self.winners: list[str] = []
+        self.lock = threading.Lock()
+
+    def one(self, i: int) -> None:
+        marks = self.marks
+        marks.local.delay = math.nan
+        t0 = time.time()
+        res = self.client.invoke("tail", "x", deadline_s=CALL_DEADLINE_S, **self.opts)
+        t1 = time.time()
+        sent = marks.sent[res.group_id]
+        with self.lock:
+            self.lat.append(t1 - t0)
+            self.launched.append(sum(m.launched for m in res.members))
+            self.backups += res.backups
+            self.winners.append(res.winner_id or "")
+            if res.backups:  # the timer runs from rank 0's launch: how late did rank 1 go?
+                self.lags.append(sent[1][0] - sent[0][0] - marks.local.delay)
+
+    def chunk(self, n: int, inflight: int) -> None:
+        r = self.svc.app_redis
+        r.delete(keys.BUDGET)
+        if self.budget:
+            r.hset(keys.BUDGET, mapping=self.budget)
+        run_parallel(n, inflight, self.one)
+        self.budget = r.hgetall(keys.BUDGET)
+
+    def summary(self, traces: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        own = {m["member_id"]: own_latency(m) for ms in traces.values() for m in ms}
+        won = [own[w] for w in self.winners if w in own]
+        delays = self.marks.delays
+        return {
+            **summary_ms(self.lat),
+            "extra_load": sum(self.launched) / max(1, len(self.lat)) - 1.0,
+            "backups": self.backups,
+            "settings": self.settings,
+            "winner_backend": summary_ms(won),  # the winning member's own latency
+            "delay_ms_p50": pct(delays, 50)[0] * 1e3 if delays else None,
+            "backup_lag_ms_p50": pct(self.lags, 50)[0] * 1e3 if self.lags else None,
+            "backup_lag_ms_p99": pct(self.lags, 99)[0] * 1e3 if self.lags else None,
+        }
+
+
+def oracle(n: int = 400_000, seed: int = 0) -> dict[str, Any]:
+    """Offline, backend only: one draw; min of two draws; ideal staggered at p95/p90."""
+    rng = np.random.default_rng(seed)
+    x = MEDIAN_S * np.exp(SIGMA * rng.standard_normal((n, 2)))
+    out: dict[str, Any] = {
+        "single": {**summary_ms(list(x[:, 0])), "extra_load": 0.0},
+        "min_of_two": {**summary_ms(list(x.min(axis=1))), "extra_load": 1.0},
+    }
+    curve = []
+    for p in (50, 70, 75, 80, 85, 90, 95, 98):
+        d = float(np.percentile(x[:, 0], p))
+        fired = x[:, 0] > d
+        stag = np.where(fired, np.minimum(x[:, 0], d + x[:, 1]), x[:, 0])
+        s = {**summary_ms(list(stag)), "delay_ms": d * 1e3, "extra_load": float(fired.mean())}
+        if p in (95, 90):
+            out[f"ideal_staggered_p{p}"] = s
+        curve.append({"percentile": p, **{k: s[k] for k in ("delay_ms", "extra_load", "p99_ms")}})
+    return {**out, "curve": curve}
+
+
+def tail(svc: Services, n: int, inflight: int) -> dict[str, Any]:
+    svc.start_haco()
+    warm, _ = timed_client(svc.url)
+
+    def fill(i: int) -> None:
+        warm.invoke("tail", "w", idempotent=False, deadline_s=CALL_DEADLINE_S)
+
+    try:
+        wait_ready(warm, "tail", svc)
+        run_parallel(WARMUP, inflight, fill)
+    finally:
+        warm.close()
+    since = int(time.time() * 1000)
+    runs = {name: Variant(svc, opts, settings) for name, (opts, settings) in VARIANTS.items()}
+    try:
+        for start in range(0, n, CHUNK):
+            for v in runs.values():
+                v.chunk(min(CHUNK, n - start), inflight)
+        time.sleep(1.0)  # losers of the last chunk report
+    finally:
+        for v in runs.values():
+            v.client.close()
+    traces = read_traces(svc.app_redis, since)
+    variants = {name: v.summary(traces) for name, v in runs.items()}
+    orc = oracle()
+    curve = orc.pop("curve")
+    p99_oracle = orc["min_of_two"]["p99_ms"]
+    for s in variants.values():
+        s["p99_over_oracle"] = s["p99_ms"] / p99_oracle
+    return {
+        "n": n,
+        "inflight": inflight,
+        "chunk": CHUNK,
+        "variants": variants,
+        "offline": orc,
+        "offline_staggered_curve": curve,  # ideal staggered: delay percentile → p99, load
+    }

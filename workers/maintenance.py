@@ -1,0 +1,76 @@
+"""Maintenance tasks of the Celery app (:func:`workers.app.create_app`): the periodic
+profile recompute (``haco.recompute``, coordinator.recompute) on queue ``haco.maintenance``,
+scheduled by Celery beat every ``recompute_interval_s``.
+
+Run the scheduler and the consumer of the queue with ``haco beat`` (one process: a solo
+worker on ``haco.maintenance`` with an embedded beat). ``celery -A … beat`` cannot find
+the app, which is built explicitly by ``create_app`` (no module-level app); ``haco
+recompute`` runs one recompute now without Celery. Run one beat per deployment: two
+would recompute twice as often (harmless: a Postgres advisory lock serialises them).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from coordinator.config import HacoSettings
+from coordinator.errors import HacoError
+from coordinator.recompute import recompute_once
+
+RECOMPUTE_TASK = "haco.recompute"
+MAINTENANCE_QUEUE = "haco.maintenance"
+SCHEDULE_ENTRY = "haco-recompute"
+log = logging.getLogger(__name__)
+
+
+def register_maintenance(app: Any, settings: HacoSettings, app_redis_url: str) -> None:
+    """Add the recompute task and its beat schedule to ``app``. ``app_redis_url``: the
+    application database (keys.APP_DB), not the broker's."""
+
+    def recompute() -> None:
+        client = redis.Redis.from_url(app_redis_url)
+        try:
+            result = recompute_once(client, settings)
+        except HacoError as exc:  # logged, not retried: the next beat tick tries again
+            log.error("profile recompute failed: %s", exc)
+            return
+        finally:
+            client.close()
+        log.info("profile recompute: %s", result.to_dict())
+
+    # shared=False: a shared task would be added to every app created later in the process.
+    app.task(name=RECOMPUTE_TASK, ignore_result=True, shared=False)(recompute)
+    schedule = dict(app.conf.beat_schedule or {})
+    schedule[SCHEDULE_ENTRY] = {
+        "task": RECOMPUTE_TASK,
+        "schedule": settings.recompute_interval_s,
+        # A tick nobody consumed in time is dropped, not piled up behind a stopped worker.
+        "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.recompute_interval_s},
+    }
+    app.conf.beat_schedule = schedule
+
+
+def beat_argv(settings: HacoSettings) -> list[str]:
+    """``worker_main`` arguments of the maintenance process: beat + a solo worker."""
+    schedule_file = Path(settings.state_dir).absolute() / "celerybeat-schedule"
+    schedule_file.parent.mkdir(parents=True, exist_ok=True)
+    return [
+        "worker",
+        "--queues",
+        MAINTENANCE_QUEUE,
+        "--beat",
+        "--schedule",
+        str(schedule_file),
+        "--pool",
+        "solo",
+        "--hostname",
+        "haco-maintenance@%h",
+        "--loglevel",
+        "INFO",
+        "--without-mingle",
+        "--without-gossip",
+    ]
