@@ -12,6 +12,7 @@ from rich.table import Table
 from coordinator.cli_common import clean_errors, err, show
 from coordinator.client import HacoClient, service_url
 from coordinator.config import HacoSettings
+from coordinator.embedded_pg import redact
 from coordinator.errors import ConfigError, InputError, UnknownZoneError
 from coordinator.poolconfig import Pool, pool_from_settings
 from coordinator.runtime import InvocationResult
@@ -78,10 +79,13 @@ def up_cmd(
     the pool; Ctrl-C stops everything it started, workers before servers."""
     settings = HacoSettings()
     pool = Pool(pool_from_settings(settings))
-    stack = start_stack(settings, sorted(pool.zones), concurrency)
+    stack = start_stack(settings, sorted(pool.zones), concurrency, with_store=True)
     try:
         embedded = " (embedded)" if stack.embedded else ""
         err.print(f"redis {stack.redis_url}{embedded}")
+        if stack.database_url:
+            pg = " (embedded)" if stack.embedded_pg else ""
+            err.print(f"postgres {redact(stack.database_url)}{pg}: migrated; harvester, beat")
         for zone, proc in stack.workers.items():
             err.print(f"worker {zone}: pid {proc.pid}, queue {queue_for(zone)}")
         err.print(f"logs in {stack.log_dir}; Ctrl-C to stop")

@@ -16,6 +16,7 @@ from pathlib import Path
 from coordinator import embedded_pg
 from coordinator.config import HacoSettings
 from coordinator.embedded import EmbeddedRedis, resolve_redis_url
+from coordinator.migrate import migrate
 
 WORKER_STOP_TIMEOUT_S = 10.0  # Celery's warm shutdown waits for running members
 
@@ -31,6 +32,10 @@ def harvester_command() -> list[str]:
     return [sys.executable, "-m", "coordinator.cli", "harvester"]
 
 
+def beat_command() -> list[str]:
+    return [sys.executable, "-m", "coordinator.cli", "beat"]
+
+
 @dataclass
 class Stack:
     """What `haco up` started; :meth:`stop` takes it down in order."""
@@ -40,9 +45,15 @@ class Stack:
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_dir: Path | None = None
     harvester: subprocess.Popen[bytes] | None = None
+    database_url: str | None = None
+    embedded_pg: embedded_pg.EmbeddedPostgres | None = None
+    beat: subprocess.Popen[bytes] | None = None
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "HACO_REDIS_URL": self.redis_url}
+        env = {**os.environ, "HACO_REDIS_URL": self.redis_url}
+        if self.database_url:
+            env["HACO_DATABASE_URL"] = self.database_url
+        return env
 
     def _spawn(self, cmd: list[str], name: str) -> subprocess.Popen[bytes]:
         log = None
@@ -65,8 +76,19 @@ class Stack:
         self.harvester = self._spawn(harvester_command(), "harvester")
         return self.harvester
 
+    def start_store(self, settings: HacoSettings) -> None:
+        """The trace store: Postgres (embedded when HACO_DATABASE_URL is unset), its
+        migrations, the harvester, and beat for the periodic recompute."""
+        self.database_url, self.embedded_pg = embedded_pg.resolve_database_url(settings)
+        with embedded_pg.connect(self.database_url) as conn:
+            conn.autocommit = True
+            migrate(conn)
+        self.start_harvester()
+        self.beat = self._spawn(beat_command(), "beat")
+
     def stop(self) -> None:
-        procs = [*self.workers.values(), *([self.harvester] if self.harvester else [])]
+        extra = [p for p in (self.harvester, self.beat) if p is not None]
+        procs = [*self.workers.values(), *extra]
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -77,21 +99,31 @@ class Stack:
                 proc.kill()
                 proc.wait()
         self.workers.clear()
-        self.harvester = None
+        self.harvester = self.beat = None
+        if self.embedded_pg is not None:
+            self.embedded_pg.stop()
+            self.embedded_pg = None
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None
 
 
 def start_stack(
-    settings: HacoSettings, zones: Sequence[str], concurrency: int | None = None
+    settings: HacoSettings,
+    zones: Sequence[str],
+    concurrency: int | None = None,
+    with_store: bool = False,
 ) -> Stack:
+    """Redis and a worker per zone; with ``with_store`` (`haco up`) also the trace store.
+    Without it, a harvester still starts when a trace store is already configured."""
     url, embedded = resolve_redis_url(settings)
     stack = Stack(url, embedded, log_dir=settings.state_dir / "logs")
     try:
+        if with_store:
+            stack.start_store(settings)
         for zone in zones:
             stack.start_worker(zone, concurrency)
-        if settings.database_url or embedded_pg.discover(settings.state_dir):
+        if not with_store and (settings.database_url or embedded_pg.discover(settings.state_dir)):
             stack.start_harvester()
     except BaseException:
         stack.stop()
