@@ -9,3 +9,13 @@ mkdir -p out/bench
 "$haco" bench paper --scenario network_degradation --scenario candidate_degradation \
   --methods haco,bestone,random --taus '' --half-life 100 \
   --out out/bench/halflife > out/bench/halflife-figures.json
+"$haco" bench paper --scenario-file docs/examples/llmperf.toml --taus '' \
+  --methods random,bestone,moa,haco,fixed-global,fixed-local > out/bench/llmperf-figures.json
+# The runtime, ingest and recompute benches start their own servers and workers; they
+# use an embedded Redis unless HACO_REDIS_URL is set (see bench/README.md), and the
+# machine's Postgres (--pg-url) for the trace store.
+py="$(dirname "$haco")/python"
+env -u HACO_REDIS_URL "$py" bench/runtime.py all --json out/bench/runtime.json > /dev/null
+"$py" bench/ingest.py > out/bench/ingest.json
+"$py" bench/ingest.py --harvesters 2 > out/bench/ingest2.json
+"$py" bench/recompute.py > out/bench/recompute.json

@@ -220,9 +220,9 @@ def schemas_export(
 @app.command()
 @clean_errors
 def demo(
-    tasks: Annotated[int, typer.Option(help="Workflow tasks per method")] = 16,
+    tasks: Annotated[int, typer.Option(help="Workflow tasks per method")] = 60,
     outage: Annotated[str, typer.Option(help="ZONE@TASK: zone outage from that task")] = (
-        "global@6"
+        "global@20"
     ),
     time_scale: Annotated[float, typer.Option(help="Simulated time per model second")] = 0.02,
 ) -> None:
