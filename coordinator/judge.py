@@ -32,8 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.config import HacoSettings
 from coordinator.errors import ConfigError, DatabaseError, InputError
+from coordinator.memstore import MemoryStore
 from coordinator.settings import ProfileSettings
-from coordinator.store import MemoryStore, RedisStore
+from coordinator.store import RedisStore
 from schemas.models import Candidate, Identifier, MemberTask, Message, NonNegative
 from schemas.pool import DEFAULT_JUDGE_PROMPT, import_callable
 from schemas.scenario import Scenario

@@ -321,14 +321,20 @@ class Coordinator:
         # then recorded as lost (a kept member would report its own outcome later, and
         # recording it here too would count the call twice).
         cancel = self.settings.cancel_losers or state is not GroupState.WON or now >= g.deadline_at
-        self.store.set_group_state(
-            g.id, CANCELLED if cancel else RESOLVED, self.settings.group_ttl_s
+        win = v.winner
+        winner_id = g.member_id(win) if state is GroupState.WON and win is not None else None
+        # One round trip: the new state (losers see it at their next poll), the winner
+        # claim (SET NX: exactly one winner) and the operator counters.
+        self.store.close_group(
+            g.id,
+            CANCELLED if cancel else RESOLVED,
+            winner_id,
+            self._metrics(g, state, v),
+            self.settings.group_ttl_s,
+            self.settings.profile_ttl_s,
         )
         members = self._summaries(g, now, cancel)
-        self._metrics(g, state, v)
-        win = v.winner
         if state is GroupState.WON and win is not None:
-            self.store.claim_winner(g.id, g.member_id(win), self.settings.group_ttl_s)
             rep = g.reports[win]
             c = g.candidates[win]
             return InvocationResult(
@@ -386,7 +392,7 @@ class Coordinator:
             cand.id, obs, self.profile_settings, self.settings.profile_ttl_s
         )
 
-    def _metrics(self, g: _Group, state: GroupState, v: Verdict) -> None:
+    def _metrics(self, g: _Group, state: GroupState, v: Verdict) -> dict[str, int]:
         counts = {"invocations": 1, f"state:{state.value}": 1}
         if g.launcher.launched > 1:
             counts["hedged"] = 1
@@ -397,7 +403,7 @@ class Coordinator:
         if not g.launcher.timer_on:
             counts["budget_refused"] = 1
         counts[f"launch:{g.call.launch_mode.value}"] = 1
-        self.store.incr_metrics(counts, self.settings.profile_ttl_s)
+        return counts
 
 
 __all__ = ["Coordinator", "Dispatcher", "InvocationResult", "LaunchMode", "MemberSummary"]

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -91,6 +90,15 @@ class RuntimeStore(Protocol):
     ) -> None: ...
     def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None: ...
     def metrics(self) -> dict[str, int]: ...
+    def close_group(
+        self,
+        group_id: str,
+        state: str,
+        winner_member: str | None,
+        counts: Mapping[str, int],
+        ttl_s: float,
+        metrics_ttl_s: float,
+    ) -> bool: ...
 
 
 P = TypeVar("P")
@@ -121,6 +129,15 @@ class RedisStore:
     ) -> None:
         self.r = client
         self.profile_settings = profile_settings or ProfileSettings()
+        # Threads of one worker that fold into the same delta key would make each other's
+        # WATCH fail and retry; queueing them on a per-key lock in the process costs less.
+        self._key_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+
+    def _key_lock(self, write: DeltaWrite) -> threading.Lock:
+        name = write.candidate[0] if write.candidate else write.link[0] if write.link else ""
+        with self._locks_guard:
+            return self._key_locks[name]
 
     def _guard(self, what: str, fn: Callable[[], P]) -> P:
         try:
@@ -199,7 +216,8 @@ class RedisStore:
         return view.candidates, view.links
 
     def _write(self, what: str, write: DeltaWrite, ttl_s: float) -> None:
-        self._guard(what, lambda: write_delta(self.r, write, ttl_s))
+        with self._key_lock(write):
+            self._guard(what, lambda: write_delta(self.r, write, ttl_s))
 
     def update_candidate(
         self, candidate_id: str, obs: CandidateObservation, settings: ProfileSettings, ttl_s: float
@@ -280,128 +298,31 @@ class RedisStore:
 
         self._guard("count metrics", incr)
 
+    def close_group(
+        self,
+        group_id: str,
+        state: str,
+        winner_member: str | None,
+        counts: Mapping[str, int],
+        ttl_s: float,
+        metrics_ttl_s: float,
+    ) -> bool:
+        """State, winner claim and counters in one round trip; True if the claim held."""
+        px = int(ttl_s * _MS)
+
+        def close() -> bool:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.set(keys.group_state(group_id), state, px=px)
+            if winner_member is not None:
+                pipe.set(keys.group_winner(group_id), winner_member, nx=True, px=px)
+            for name, n in counts.items():
+                pipe.hincrby(keys.METRICS, name, n)
+            pipe.pexpire(keys.METRICS, int(metrics_ttl_s * _MS))
+            out = pipe.execute()
+            return winner_member is None or bool(out[1])
+
+        return self._guard("close a group", close)
+
     def metrics(self) -> dict[str, int]:
         raw = self._guard("read metrics", lambda: self.r.hgetall(keys.METRICS))
         return {_text(k): int(v) for k, v in raw.items()}
-
-
-class MemoryStore:
-    """In-process backend with the same semantics, for single-process runs and tests.
-    TTLs are recorded, not enforced: nothing outlives the process anyway."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self.states: dict[str, str] = {}
-        self.replies: dict[str, deque[str]] = defaultdict(deque)
-        self.winners: dict[str, str] = {}
-        self.idem: dict[str, str] = {}
-        self.candidates: dict[str, CandidateProfile] = {}
-        self.links: dict[str, LinkProfile] = {}
-        self.traces: list[str] = []
-        self.counters: dict[str, int] = {}
-
-    def open_group(self, group_id: str, ttl_s: float) -> None:
-        with self._lock:
-            self.states[group_id] = OPEN
-
-    def group_state(self, group_id: str) -> str | None:
-        with self._lock:
-            return self.states.get(group_id)
-
-    def set_group_state(self, group_id: str, state: str, ttl_s: float) -> None:
-        with self._lock:
-            self.states[group_id] = state
-
-    def push_reply(self, group_id: str, report: str, ttl_s: float) -> None:
-        with self._lock:
-            self.replies[group_id].appendleft(report)
-            self._lock.notify_all()
-
-    def pop_reply(self, group_id: str, timeout_s: float) -> str | None:
-        end = time.monotonic() + max(0.0, timeout_s)
-        with self._lock:
-            while not self.replies[group_id]:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return None
-                self._lock.wait(left)
-            return self.replies[group_id].pop()
-
-    def claim_winner(self, group_id: str, member_id: str, ttl_s: float) -> bool:
-        with self._lock:
-            if group_id in self.winners:
-                return False  # SET NX semantics: even the holder's second claim fails
-            self.winners[group_id] = member_id
-            return True
-
-    def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str:
-        with self._lock:
-            return self.idem.setdefault(key, member_id)
-
-    def load_profiles(
-        self, candidate_ids: Sequence[str], link_ids: Sequence[str]
-    ) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]:
-        with self._lock:
-            cands = {c: self.candidates[c] for c in candidate_ids if c in self.candidates}
-            links = {lk: self.links[lk] for lk in link_ids if lk in self.links}
-            return cands, links
-
-    def update_candidate(
-        self, candidate_id: str, obs: CandidateObservation, settings: ProfileSettings, ttl_s: float
-    ) -> None:
-        with self._lock:
-            prof = self.candidates.get(candidate_id) or CandidateProfile(candidate_id)
-            self.candidates[candidate_id] = update_candidate(prof, obs, settings)
-
-    def apply_quality(
-        self, candidate_id: str, q: float, settings: ProfileSettings, ttl_s: float, at_s: float
-    ) -> None:
-        with self._lock:
-            prof = self.candidates.get(candidate_id) or CandidateProfile(candidate_id)
-            self.candidates[candidate_id] = apply_quality(prof, q, settings, at_s)
-
-    def update_link(
-        self,
-        link_id: str,
-        src: str,
-        dst: str,
-        obs: Sequence[LinkObservation],
-        settings: ProfileSettings,
-        ttl_s: float,
-    ) -> None:
-        with self._lock:
-            prof = self.links.get(link_id) or LinkProfile(src, dst)
-            self.links[link_id] = update_link_many(prof, obs, settings)
-
-    def append_trace(self, report: str, maxlen: int, ttl_s: float) -> None:
-        with self._lock:
-            self.traces.append(report)
-            del self.traces[:-maxlen]
-
-    def record_outcome(
-        self,
-        candidate_id: str,
-        cand_obs: CandidateObservation | None,
-        link_id: str,
-        src: str,
-        dst: str,
-        link_obs: Sequence[LinkObservation],
-        report: str,
-        settings: ProfileSettings,
-        limits: OutcomeLimits,
-    ) -> None:
-        with self._lock:  # one lock: the same all-or-nothing as Redis' MULTI
-            if cand_obs is not None:
-                self.update_candidate(candidate_id, cand_obs, settings, limits.profile_ttl_s)
-            if link_obs:
-                self.update_link(link_id, src, dst, link_obs, settings, limits.profile_ttl_s)
-            self.append_trace(report, limits.trace_maxlen, limits.trace_ttl_s)
-
-    def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None:
-        with self._lock:
-            for name, n in counts.items():
-                self.counters[name] = self.counters.get(name, 0) + n
-
-    def metrics(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.counters)

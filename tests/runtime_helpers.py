@@ -15,9 +15,9 @@ from coordinator.budget import MemoryBudget
 from coordinator.config import HacoSettings
 from coordinator.dispatch import ThreadDispatcher
 from coordinator.hedgedelay import MemoryDelayWindow
+from coordinator.memstore import MemoryStore
 from coordinator.poolconfig import Pool
 from coordinator.runtime import Coordinator, InvocationResult
-from coordinator.store import MemoryStore
 from schemas.enums import FailureKind
 from schemas.models import BackendSpec, Candidate, MemberReport, MemberTask, Message, RoleInvocation
 from schemas.pool import PoolConfig

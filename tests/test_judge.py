@@ -46,6 +46,7 @@ from coordinator.judge import (
     judge_member,
     parse_score,
 )
+from coordinator.memstore import MemoryStore
 from coordinator.migrate import migrate
 from coordinator.poolconfig import Pool, load_pool
 from coordinator.profiles import (
@@ -55,7 +56,7 @@ from coordinator.profiles import (
     update_candidate,
 )
 from coordinator.settings import DecayUnit, ProfileSettings
-from coordinator.store import MemoryStore, RedisStore
+from coordinator.store import RedisStore
 from schemas.enums import FailureKind
 from schemas.models import Candidate, MemberTask, Message
 from workers.app import JUDGE_QUEUE, JUDGE_TASK, create_app, judge_task_for, with_db

@@ -33,6 +33,7 @@ from coordinator.config import HacoSettings
 from coordinator.embedded_pg import connect
 from coordinator.errors import StoreError
 from coordinator.harvester import Harvester
+from coordinator.memstore import MemoryStore
 from coordinator.migrate import migrate
 from coordinator.poolconfig import default_pool
 from coordinator.profiles import (
@@ -56,7 +57,7 @@ from coordinator.profilesql import (
 from coordinator.recompute import RECOMPUTE_LOCK, recompute
 from coordinator.settings import DecayUnit, ProfileSettings
 from coordinator.stats import link_id
-from coordinator.store import MemoryStore, OutcomeLimits, RedisStore
+from coordinator.store import OutcomeLimits, RedisStore
 from schemas.enums import FailureKind
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.app import create_app

@@ -15,6 +15,7 @@ from redis.retry import Retry
 
 from coordinator import keys
 from coordinator.errors import StoreError
+from coordinator.memstore import MemoryStore
 from coordinator.profiles import (
     CandidateObservation,
     CandidateProfile,
@@ -24,7 +25,7 @@ from coordinator.profiles import (
     update_link,
 )
 from coordinator.settings import DecayUnit, ProfileSettings
-from coordinator.store import CANCELLED, OPEN, RESOLVED, MemoryStore, RedisStore, RuntimeStore
+from coordinator.store import CANCELLED, OPEN, RESOLVED, RedisStore, RuntimeStore
 from schemas.enums import FailureKind
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
