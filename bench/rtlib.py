@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -221,9 +221,18 @@ class TimedStore(RedisStore):
             self.marks.woke.setdefault(group_id, time.time())
         return raw
 
-    def set_group_state(self, group_id: str, state: str, ttl_s: float) -> None:
+    def close_group(
+        self,
+        group_id: str,
+        state: str,
+        winner_member: str | None,
+        counts: Mapping[str, int],
+        ttl_s: float,
+        metrics_ttl_s: float,
+    ) -> bool:
+        # The moment the coordinator sends the group's final state (the losers' cancel).
         self.marks.cancelled[group_id] = time.time()
-        super().set_group_state(group_id, state, ttl_s)
+        return super().close_group(group_id, state, winner_member, counts, ttl_s, metrics_ttl_s)
 
 
 class TimedDispatcher(CeleryDispatcher):
