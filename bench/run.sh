@@ -19,3 +19,4 @@ env -u HACO_REDIS_URL "$py" bench/runtime.py all --json out/bench/runtime.json >
 "$py" bench/ingest.py > out/bench/ingest.json
 "$py" bench/ingest.py --harvesters 2 > out/bench/ingest2.json
 "$py" bench/recompute.py > out/bench/recompute.json
+env -u HACO_REDIS_URL "$py" bench/harvest_lag.py > out/bench/harvest-lag.json
