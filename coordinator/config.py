@@ -28,6 +28,8 @@ class HacoSettings(BaseSettings):
     # Trace store retention: `haco db retention` drops daily partitions of members and link
     # observations (and older invocations and profile snapshots) older than this many days.
     retention_days: Annotated[int, Field(ge=1)] = 30
+    # How often beat runs the retention (partitions ahead, old partitions dropped).
+    retention_interval_s: Seconds = 3600.0
 
     # Hedge groups.
     default_deadline_s: Seconds = 60.0

@@ -64,6 +64,8 @@ from workers.app import create_app
 from workers.maintenance import (
     MAINTENANCE_QUEUE,
     RECOMPUTE_TASK,
+    RETENTION_ENTRY,
+    RETENTION_TASK,
     SCHEDULE_ENTRY,
     register_maintenance,
 )
@@ -630,6 +632,26 @@ def test_the_recompute_task_runs_one_recompute(
     register_maintenance(fake, HacoSettings(database_url=db), REDIS_URL)
     tasks[RECOMPUTE_TASK]()
     assert epochs.snapshot_meta(r) is not None
+
+
+def test_the_retention_task_keeps_partitions_ahead(db: str) -> None:
+    tasks: dict[str, Callable[[], None]] = {}
+    fake = SimpleNamespace(
+        conf=SimpleNamespace(beat_schedule=None),
+        task=lambda **opts: lambda fn: tasks.setdefault(opts["name"], fn),
+    )
+    register_maintenance(fake, HacoSettings(database_url=db, retention_interval_s=60.0), REDIS_URL)
+    assert fake.conf.beat_schedule[RETENTION_ENTRY]["schedule"] == 60.0
+    tasks[RETENTION_TASK]()
+    with psycopg.connect(db) as c:
+        names = {
+            row[0]
+            for row in c.execute(
+                "SELECT relname FROM pg_class WHERE relname LIKE 'members_2%'"
+            ).fetchall()
+        }
+    assert f"members_{datetime.now(UTC):%Y%m%d}" in names  # today's partition exists
+    assert len(names) >= 7
 
 
 def test_the_worker_counts_what_the_recompute_reads_from_its_trace() -> None:

@@ -1,6 +1,8 @@
 """Maintenance tasks of the Celery app (:func:`workers.app.create_app`): the periodic
-profile recompute (``haco.recompute``, coordinator.recompute) on queue ``haco.maintenance``,
-scheduled by Celery beat every ``recompute_interval_s``.
+profile recompute (``haco.recompute``, coordinator.recompute) every
+``recompute_interval_s`` and the trace store's retention (``haco.retention``: daily
+partitions ahead, old ones dropped) every ``retention_interval_s``, on queue
+``haco.maintenance``, scheduled by Celery beat.
 
 Run the scheduler and the consumer of the queue with ``haco beat`` (one process: a solo
 worker on ``haco.maintenance`` with an embedded beat). ``celery -A … beat`` cannot find
@@ -12,16 +14,22 @@ would recompute twice as often (harmless: a Postgres advisory lock serialises th
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from coordinator import embedded_pg
 from coordinator.config import HacoSettings
 from coordinator.errors import HacoError
+from coordinator.migrate import drop_older_than, ensure_partitions
 from coordinator.recompute import recompute_once
 
 RECOMPUTE_TASK = "haco.recompute"
+RETENTION_TASK = "haco.retention"
+RETENTION_ENTRY = "haco-retention"
+PARTITIONS_AHEAD_DAYS = 7  # daily partitions kept ready, so rows rarely land in default
 MAINTENANCE_QUEUE = "haco.maintenance"
 SCHEDULE_ENTRY = "haco-recompute"
 log = logging.getLogger(__name__)
@@ -51,7 +59,39 @@ def register_maintenance(app: Any, settings: HacoSettings, app_redis_url: str) -
         # A tick nobody consumed in time is dropped, not piled up behind a stopped worker.
         "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.recompute_interval_s},
     }
+    _register_retention(app, settings, schedule)
     app.conf.beat_schedule = schedule
+
+
+def _register_retention(app: Any, settings: HacoSettings, schedule: dict[str, Any]) -> None:
+    """Keep the daily partitions ahead and drop the ones older than retention_days."""
+
+    def retention() -> None:
+        try:
+            url = settings.database_url or embedded_pg.discover(settings.state_dir)
+            if not url:
+                log.info("retention skipped: no trace store configured")
+                return
+            cutoff = datetime.now(UTC) - timedelta(days=settings.retention_days)
+            with embedded_pg.connect(url) as conn:
+                created = ensure_partitions(conn, PARTITIONS_AHEAD_DAYS)
+                result = drop_older_than(conn, cutoff)
+        except HacoError as exc:  # logged: the next tick tries again
+            log.error("retention failed: %s", exc)
+            return
+        log.info(
+            "retention: created %s, dropped %s, deleted %d default rows",
+            created,
+            result.dropped,
+            result.deleted,
+        )
+
+    app.task(name=RETENTION_TASK, ignore_result=True, shared=False)(retention)
+    schedule[RETENTION_ENTRY] = {
+        "task": RETENTION_TASK,
+        "schedule": settings.retention_interval_s,
+        "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.retention_interval_s},
+    }
 
 
 def beat_argv(settings: HacoSettings) -> list[str]:
