@@ -16,7 +16,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,25 +112,6 @@ def wait_for(what: str, cond: Any, timeout_s: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """A fresh database in the machine's Postgres with the migrations applied."""
-    name = f"haco_harvest_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no Postgres at {PG_ADMIN_URL}: {exc}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"'.encode())
-        url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-        try:
-            with psycopg.connect(url, autocommit=True) as conn:
-                migrate(conn)
-            yield url
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
 @pytest.fixture

@@ -47,7 +47,6 @@ from coordinator.judge import (
     parse_score,
 )
 from coordinator.memstore import MemoryStore
-from coordinator.migrate import migrate
 from coordinator.poolconfig import Pool, load_pool
 from coordinator.profiles import (
     CandidateObservation,
@@ -75,25 +74,6 @@ INF = ProfileSettings()
 
 
 # ---------------------------------------------------------------- fixtures and helpers
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """A fresh database in the machine's Postgres with the migrations applied."""
-    name = f"haco_judge_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no Postgres at {PG_ADMIN_URL}: {exc}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"'.encode())
-        url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-        try:
-            with psycopg.connect(url, autocommit=True) as conn:
-                migrate(conn)
-            yield url
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import os
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -34,7 +33,6 @@ from coordinator.embedded_pg import connect
 from coordinator.errors import StoreError
 from coordinator.harvester import Harvester
 from coordinator.memstore import MemoryStore
-from coordinator.migrate import migrate
 from coordinator.poolconfig import default_pool
 from coordinator.profiles import (
     CandidateObservation,
@@ -202,24 +200,6 @@ def test_a_delta_of_late_judgements_only_adds_evidence() -> None:
 
 
 # ---------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    name = f"haco_recompute_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no Postgres at {PG_ADMIN_URL}: {exc}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"'.encode())
-        url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-        try:
-            with psycopg.connect(url, autocommit=True) as conn:
-                migrate(conn)
-            yield url
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
 @pytest.fixture
