@@ -28,12 +28,13 @@ from coordinator.hedgedelay import DelayWindow
 from coordinator.methods import Decision, Haco, PoolView
 from coordinator.poolconfig import CallSettings, Pool
 from coordinator.profiles import CandidateObservation
+from coordinator.results import InvocationResult, MemberSummary
 from coordinator.settings import PolicyParams, ProfileSettings
 from coordinator.stagger import Launch, Launcher
 from coordinator.stats import PoolMember, build_view, link_id
 from coordinator.store import CANCELLED, RESOLVED, RuntimeStore
 from coordinator.winner import Report, Verdict, verdict
-from schemas.enums import FailureKind, GroupState, LaunchMode, MemberStatus, StopReason
+from schemas.enums import FailureKind, GroupState, LaunchMode, MemberStatus
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 
 Clock = Callable[[], float]
@@ -43,41 +44,6 @@ class Dispatcher(Protocol):
     """Puts a member task on its zone's queue (Celery), or runs it in-process."""
 
     def send(self, zone: str, task: MemberTask) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class MemberSummary:
-    member_id: str
-    candidate_id: str
-    zone: str
-    rank: int
-    status: MemberStatus
-    launched: bool
-    latency_s: float | None = None
-    reason: str | None = None
-    tokens_in: int = 0
-    tokens_out: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class InvocationResult:
-    group_id: str
-    role: str
-    state: GroupState
-    winner_id: str | None
-    candidate_id: str | None
-    zone: str | None
-    output: str | None
-    quality: float | None  # the winner's judged quality, when its backend judged it
-    p_success: float
-    stop: StopReason
-    latency_s: float
-    members: list[MemberSummary]
-    backups: int  # members launched by the hedge timer (charged to the budget)
-
-    @property
-    def tokens(self) -> int:
-        return sum(m.tokens_in + m.tokens_out for m in self.members)
 
 
 WAKE = "wake"  # a token on a group's reply list: a timer is due, not a report
@@ -406,4 +372,4 @@ class Coordinator:
         return counts
 
 
-__all__ = ["Coordinator", "Dispatcher", "InvocationResult", "LaunchMode", "MemberSummary"]
+__all__ = ["Coordinator", "Dispatcher", "InvocationResult", "MemberSummary"]
