@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -82,22 +83,28 @@ class RecomputeResult:
         return asdict(self)
 
 
-def wait_harvested(r: redis.Redis, watermark: str, timeout_s: float) -> None:
+def wait_harvested(
+    r: redis.Redis,
+    watermark: str,
+    timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+) -> None:
     """Until the trace stream holds no entry <= ``watermark`` (the harvester deletes what
-    it committed); StoreError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+    it committed); StoreError after ``timeout_s``. Clock and sleep are injectable."""
+    deadline = clock() + timeout_s
     while True:
         left: Any = r.xrange(keys.TRACES, "-", watermark, count=1)
         if not left:
             return
-        if time.monotonic() >= deadline:
+        if clock() >= deadline:
             oldest = left[0][0].decode() if isinstance(left[0][0], bytes) else left[0][0]
             raise StoreError(
                 f"the harvester has not stored every trace up to {watermark} within "
                 f"recompute_wait_s={timeout_s:g} (oldest waiting: {oldest}); is `haco "
                 "harvester` running? The next recompute resumes this one"
             )
-        time.sleep(POLL_S)
+        sleep(POLL_S)
 
 
 def _insert(

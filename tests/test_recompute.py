@@ -52,7 +52,7 @@ from coordinator.profilesql import (
     observation_from_trace,
     split_id,
 )
-from coordinator.recompute import RECOMPUTE_LOCK, recompute
+from coordinator.recompute import RECOMPUTE_LOCK, recompute, wait_harvested
 from coordinator.settings import DecayUnit, ProfileSettings
 from coordinator.stats import link_id
 from coordinator.store import OutcomeLimits, RedisStore
@@ -682,3 +682,19 @@ def test_the_worker_counts_what_the_recompute_reads_from_its_trace() -> None:
     )
     assert_same(store.candidates[cand.id], want)
     assert want.calls == 5 and want.successes == 2 and want.delivered == 4
+
+
+def test_waiting_for_the_harvester_times_out_on_the_injected_clock(r: redis.Redis) -> None:
+    entry = r.xadd(keys.TRACES, {"report": "{}"})
+    watermark = entry.decode() if isinstance(entry, bytes) else str(entry)
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:  # virtual time: nothing waits
+        slept.append(s)
+        now[0] += s
+
+    with pytest.raises(StoreError, match="recompute_wait_s=1"):
+        wait_harvested(r, watermark, 1.0, clock=lambda: now[0], sleep=sleep)
+    assert now[0] >= 1.0 and slept  # it polled until the deadline, in virtual time
+    r.delete(keys.TRACES)
