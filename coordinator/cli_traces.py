@@ -52,7 +52,7 @@ class ExportFormat(StrEnum):
 def database_url(settings: HacoSettings) -> str:
     """HACO_DATABASE_URL, else the embedded Postgres that `haco up` runs in the state dir
     (never started here: a client command must not leave a server behind)."""
-    url = settings.database_url or embedded_pg.discover(settings.state_dir)
+    url = embedded_pg.running_url(settings)
     if url:
         return url
     raise DatabaseError(

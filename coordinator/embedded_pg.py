@@ -235,6 +235,13 @@ class EmbeddedPostgres:
         self.stop()
 
 
+def running_url(settings: HacoSettings) -> str | None:
+    """``settings.database_url``, else the embedded server already running for the state
+    dir, else None. Never starts one: for the processes that use a trace store `haco up`
+    (or the operator) provides."""
+    return settings.database_url or discover(settings.state_dir)
+
+
 def resolve_database_url(settings: HacoSettings) -> tuple[str, EmbeddedPostgres | None]:
     """``settings.database_url`` if set (an empty string counts as unset), else the running
     embedded server for ``settings.state_dir``, else a newly started one. A returned handle

@@ -178,7 +178,7 @@ def _locked(
 
 def trace_store_url(settings: HacoSettings) -> str:
     """HACO_DATABASE_URL, else the embedded Postgres of the state dir (never started here)."""
-    url = settings.database_url or embedded_pg.discover(settings.state_dir)
+    url = embedded_pg.running_url(settings)
     if not url:
         raise DatabaseError(
             "the recompute needs the trace store: HACO_DATABASE_URL is unset and no embedded "

@@ -123,7 +123,7 @@ def start_stack(
             stack.start_store(settings)
         for zone in zones:
             stack.start_worker(zone, concurrency)
-        if not with_store and (settings.database_url or embedded_pg.discover(settings.state_dir)):
+        if not with_store and embedded_pg.running_url(settings):
             stack.start_harvester()
     except BaseException:
         stack.stop()

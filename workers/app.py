@@ -84,7 +84,7 @@ def judge_task_for(task: MemberTask, report: MemberReport) -> JudgeTask:
 
 def database_url(settings: HacoSettings) -> str:
     """HACO_DATABASE_URL, else the embedded Postgres of the state dir (never started here)."""
-    url = settings.database_url or embedded_pg.discover(settings.state_dir)
+    url = embedded_pg.running_url(settings)
     if not url:
         raise DatabaseError(
             "the judge needs the trace store: HACO_DATABASE_URL is unset and no embedded "

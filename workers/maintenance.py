@@ -68,7 +68,7 @@ def _register_retention(app: Any, settings: HacoSettings, schedule: dict[str, An
 
     def retention() -> None:
         try:
-            url = settings.database_url or embedded_pg.discover(settings.state_dir)
+            url = embedded_pg.running_url(settings)
             if not url:
                 log.info("retention skipped: no trace store configured")
                 return
