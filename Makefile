@@ -16,8 +16,9 @@ demo: $(STAMP)
 	$(BIN)/haco demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check coordinator workers schemas tests
-	$(BIN)/ruff format --check coordinator workers schemas tests
+	$(BIN)/ruff check coordinator workers schemas sim bench tests
+	$(BIN)/ruff format --check coordinator workers schemas sim bench tests
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

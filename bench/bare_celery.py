@@ -6,7 +6,7 @@ acks, JSON, no result backend. The reply goes on a Redis list in DB 0 that the c
 BRPOPs, as a member's report does. What it leaves out is HACO itself: no group state,
 no profiles, no traces, no pydantic models, and (unless ``--events``) no task events.
 
-    python bench/bare_celery.py worker --url redis://127.0.0.1:6379/0 --concurrency 16
+    python -m bench.bare_celery worker --url redis://127.0.0.1:6379/0 --concurrency 16
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from coordinator import keys
-from workers.app import with_db
+from coordinator.state import keys
+from coordinator.state.broker import with_db
 
 QUEUE = "bench.bare"
 TASK = "bench.bare.echo"

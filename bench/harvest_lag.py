@@ -1,6 +1,6 @@
 """Harvest lag under the runtime throughput load.
 
-    python bench/harvest_lag.py [--clients 32] [--seconds 20] [--pg-url URL]
+    python -m bench.harvest_lag [--clients 32] [--seconds 20] [--pg-url URL]
 
 Runs the throughput benchmark's load (32 client threads invoking a 1-member role of a
 ~0 s backend on one worker, `bench/fixtures/runtime_pool.toml`) while a real
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -23,18 +22,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))
-sys.path.insert(0, str(BENCH))
+import psycopg
+from rich.console import Console
+from rich.table import Table
 
-import psycopg  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-from rtbench import _load, wait_ready  # noqa: E402
-from rtlib import Services, timed_client  # noqa: E402
-
-from coordinator import keys  # noqa: E402
-from coordinator.migrate import migrate  # noqa: E402
+from bench.rtbench import _load, wait_ready
+from bench.rtlib import Services, timed_client
+from coordinator.config import HacoSettings
+from coordinator.state import keys
+from coordinator.state.codec import text
+from coordinator.tracestore.migrate import migrate
 
 SAMPLE_S = 0.25
 DRAIN_LIMIT_S = 120.0
@@ -45,12 +42,12 @@ def sample(svc: Services, group: str) -> dict[str, float]:
     now_ms = time.time() * 1000
     length = int(r.xlen(keys.TRACES))
     oldest = r.xrange(keys.TRACES, count=1)
-    age_s = (now_ms - int(oldest[0][0].split(b"-")[0])) / 1000 if oldest else 0.0
+    age_s = (now_ms - int(text(oldest[0][0] or b"0").split("-")[0])) / 1000 if oldest else 0.0
     pending_s = 0.0
     try:
         rows = r.xpending_range(keys.TRACES, group, min="-", max="+", count=1)
         if rows:
-            pending_s = rows[0]["time_since_delivered"] / 1000
+            pending_s = int(rows[0]["time_since_delivered"]) / 1000
     except Exception:  # the group is created by the harvester's first read
         pending_s = 0.0
     return {"length": length, "oldest_entry_s": age_s, "oldest_pending_s": pending_s}
@@ -72,8 +69,6 @@ def fresh_database(pg_url: str) -> str:
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from coordinator.config import HacoSettings  # noqa: PLC0415 - after sys.path
-
     group = HacoSettings().harvest_group
     db_url = fresh_database(args.pg_url)
     svc = Services(tmp, concurrency=16)
@@ -89,8 +84,13 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             stop = threading.Event()
             th = threading.Thread(target=sampler, args=(svc, group, stop, samples), daemon=True)
             th.start()
-            load = _load(lambda i: client.invoke("one", "x", deadline_s=30.0), args.clients,
-                         1.0, args.seconds, svc.cpu)
+            load = _load(
+                lambda i: client.invoke("one", "x", deadline_s=30.0),
+                args.clients,
+                1.0,
+                args.seconds,
+                svc.cpu,
+            )
             t_end = time.time()
             while svc.app_redis.xlen(keys.TRACES) > 0 and time.time() - t_end < DRAIN_LIMIT_S:
                 time.sleep(0.05)
@@ -126,8 +126,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="haco-lag-") as tmp:
         res = run(args, Path(tmp))
     t = Table(title=f"harvest lag under load ({args.clients} clients, {args.seconds:.0f} s)")
-    for col in ("invocations/s", "stream len median / max", "oldest entry max s",
-                "oldest pending max s", "drain after load s", "rows stored"):
+    for col in (
+        "invocations/s",
+        "stream len median / max",
+        "oldest entry max s",
+        "oldest pending max s",
+        "drain after load s",
+        "rows stored",
+    ):
         t.add_column(col, justify="right")
     t.add_row(
         f"{res['invocations_per_s']:.0f}",

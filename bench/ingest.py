@@ -1,7 +1,7 @@
 """Ingest benchmark: traces/s through stream -> harvester -> Postgres, side by side with a
 raw COPY of the same rows into the same table, in the same run.
 
-    python bench/ingest.py [--n 200000] [--batch 5000] [--harvesters 1]
+    python -m bench.ingest [--n 200000] [--batch 5000] [--harvesters 1]
 
 Creates a throwaway database in the Postgres at --pg-url (dropped at the end), applies
 the migrations, and uses Redis database --redis-url (its HACO keys are deleted first and
@@ -17,27 +17,23 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import sys
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import psycopg
+import redis
+from psycopg_pool import ConnectionPool
+from rich.console import Console
+from rich.table import Table
 
-import psycopg  # noqa: E402
-import redis  # noqa: E402
-from psycopg_pool import ConnectionPool  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from coordinator import keys  # noqa: E402
-from coordinator.config import HacoSettings  # noqa: E402
-from coordinator.harvester import Harvester  # noqa: E402
-from coordinator.migrate import migrate  # noqa: E402
-from schemas.models import MemberReport, MemberTrace  # noqa: E402
+from coordinator.config import HacoSettings
+from coordinator.state import keys
+from coordinator.state.codec import text
+from coordinator.tracestore.harvester import Harvester
+from coordinator.tracestore.migrate import migrate
+from schemas.models import MemberReport, MemberTrace
 
 MEMBER_COLUMNS = (
     "member_id, group_id, candidate_id, role, zone, caller_zone, model, rank, u_plus, "
@@ -195,7 +191,8 @@ def main() -> None:
         for p in procs:
             p.join()
         stored = count(url, "members")
-        metrics = {k.decode(): int(v) for k, v in r.hgetall(keys.METRICS).items()}
+        raw = r.hgetall(keys.METRICS)
+        metrics = {text(k): int(v) for k, v in raw.items()}
     finally:
         r.delete(keys.TRACES, keys.TRACES_DEAD, keys.METRICS)
         r.close()

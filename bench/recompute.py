@@ -1,13 +1,13 @@
 """Recompute benchmark: profile recomputation over 1M member rows, and how fast a snapshot
 is adopted by another process.
 
-    python bench/recompute.py [--rows 1000000] [--candidates 24] [--repeats 3]
+    python -m bench.recompute [--rows 1000000] [--candidates 24] [--repeats 3]
 
 Creates a throwaway database in the Postgres at --pg-url (dropped at the end), applies
 the migrations, COPYs --rows synthetic member rows (finished within the last day, stream
 ids increasing) and derives one link observation per member as the harvester does. Then:
 
-- aggregation: the recompute's SQL (coordinator.recompute.aggregate) over every row,
+- aggregation: the recompute's SQL (coordinator.tracestore.recompute.aggregate) over every row,
   median of --repeats, with no decay (the default) and with a half-life in observations;
 - recompute: a whole ``recompute()`` (seal, wait, aggregate, insert, publish) on Redis
   database --redis-url (flushed first and last), median of --repeats;
@@ -27,28 +27,24 @@ import argparse
 import json
 import multiprocessing as mp
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import psycopg
+import redis
+from rich.console import Console
+from rich.table import Table
 
-import psycopg  # noqa: E402
-import redis  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from coordinator import epochs  # noqa: E402
-from coordinator.config import HacoSettings  # noqa: E402
-from coordinator.migrate import migrate  # noqa: E402
-from coordinator.recompute import aggregate, recompute  # noqa: E402
-from coordinator.settings import DecayUnit, ProfileSettings  # noqa: E402
-from coordinator.store import RedisStore  # noqa: E402
+from coordinator.config import HacoSettings
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.state import epochs
+from coordinator.state.store import RedisStore
+from coordinator.tracestore.migrate import migrate
+from coordinator.tracestore.profilesql import aggregate
+from coordinator.tracestore.recompute import recompute
 
 ZONES = ("us", "eu", "ap")
 COLUMNS = (
@@ -188,6 +184,10 @@ def adoption(redis_url: str, samples: int, candidates: int) -> dict[str, Any]:
     }
 
 
+def fmt(xs: list[float]) -> str:
+    return ", ".join(f"{x:.3f}" for x in xs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -239,7 +239,6 @@ def main() -> None:
     t.add_column("measure")
     t.add_column("median", justify="right")
     t.add_column("runs", justify="right")
-    fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     t.add_row("aggregation SQL, no decay (s)", f"{result['aggregate_s']['median']:.3f}", fmt(agg))
     t.add_row("aggregation SQL, decay by observations (s)",
               f"{result['aggregate_decay_obs_s']['median']:.3f}", fmt(agg_decay))  # fmt: skip

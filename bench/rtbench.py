@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 import redis
-from bare_celery import create_bare_app, send_echo
-from rtlib import (
+
+from bench.bare_celery import create_bare_app, send_echo
+from bench.rtlib import (
     READY_TIMEOUT_S,
     Marks,
     Services,
@@ -27,10 +28,10 @@ from rtlib import (
     summary_ms,
     timed_client,
 )
-
-from coordinator import keys
-from coordinator.client import HacoClient
-from workers.app import queue_for, with_db
+from coordinator.runtime.client import HacoClient
+from coordinator.state import keys
+from coordinator.state.broker import with_db
+from coordinator.state.keys import queue_for
 
 CALL_DEADLINE_S = 30.0
 JOIN_TIMEOUT_S = 60.0
@@ -140,7 +141,7 @@ def bare_latency(svc: Services, n: int) -> dict[str, Any]:
 
 
 def _load(
-    call: Callable[[int], None],
+    call: Callable[[int], object],
     clients: int,
     warm_s: float,
     dur_s: float,

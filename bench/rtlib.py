@@ -24,17 +24,17 @@ from typing import Any, cast
 import numpy as np
 import redis
 
-from coordinator import keys
-from coordinator.client import HacoClient
 from coordinator.config import HacoSettings
-from coordinator.dispatch import CeleryDispatcher
-from coordinator.embedded import EmbeddedRedis
-from coordinator.hedgedelay import RedisDelayWindow
-from coordinator.poolconfig import load_pool
-from coordinator.services import Stack
-from coordinator.store import RedisStore
+from coordinator.runtime.client import HacoClient
+from coordinator.runtime.dispatch import CeleryDispatcher
+from coordinator.runtime.pool import load_pool
+from coordinator.services.embedded_redis import EmbeddedRedis
+from coordinator.services.supervisor import Stack
+from coordinator.state import keys
+from coordinator.state.broker import with_db
+from coordinator.state.hedgedelay import RedisDelayWindow
+from coordinator.state.store import RedisStore
 from schemas.models import MemberTask
-from workers.app import with_db
 
 BENCH = Path(__file__).resolve().parent
 POOL_FILE = BENCH / "fixtures" / "runtime_pool.toml"
@@ -152,7 +152,7 @@ class Services:
         self.stack.start_worker(ZONE, self.concurrency)
 
     def start_bare(self) -> None:
-        cmd = [sys.executable, str(BENCH / "bare_celery.py"), "worker", "--url", self.url]
+        cmd = [sys.executable, "-m", "bench.bare_celery", "worker", "--url", self.url]
         cmd += ["--concurrency", str(self.concurrency)] + (["--events"] if self.bare_events else [])
         log_dir = self.tmp / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -330,7 +330,7 @@ def echo_peer(url: str) -> None:
 
 def echo_floor(url: str, n: int, warmup: int = 50) -> list[float]:
     """Round trips (s) of LPUSH → peer BRPOP → peer LPUSH → BRPOP between two processes."""
-    cmd = [sys.executable, str(BENCH / "runtime.py"), "echo-peer", "--url", url]
+    cmd = [sys.executable, "-m", "bench.runtime", "echo-peer", "--url", url]
     peer = subprocess.Popen(cmd)
     r = redis.Redis.from_url(with_db(url, keys.APP_DB))
     out: list[float] = []

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
-from rtlib import Services, own_latency, pct, read_traces, summary_ms, timed_client
 
-from coordinator import keys
+from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
+from bench.rtlib import Services, own_latency, pct, read_traces, summary_ms, timed_client
+from coordinator.state import keys
 
 MEDIAN_S, SIGMA = 0.005, math.log(200 / 5) / 2.326
 CHUNK = 100  # invocations of one variant before the next variant's turn

@@ -15,8 +15,8 @@ mkdir -p out/bench
 # use an embedded Redis unless HACO_REDIS_URL is set (see bench/README.md), and the
 # machine's Postgres (--pg-url) for the trace store.
 py="$(dirname "$haco")/python"
-env -u HACO_REDIS_URL "$py" bench/runtime.py all --json out/bench/runtime.json > /dev/null
-"$py" bench/ingest.py > out/bench/ingest.json
-"$py" bench/ingest.py --harvesters 2 > out/bench/ingest2.json
-"$py" bench/recompute.py > out/bench/recompute.json
-env -u HACO_REDIS_URL "$py" bench/harvest_lag.py > out/bench/harvest-lag.json
+env -u HACO_REDIS_URL "$py" -m bench.runtime all --json out/bench/runtime.json > /dev/null
+"$py" -m bench.ingest > out/bench/ingest.json
+"$py" -m bench.ingest --harvesters 2 > out/bench/ingest2.json
+"$py" -m bench.recompute > out/bench/recompute.json
+env -u HACO_REDIS_URL "$py" -m bench.harvest_lag > out/bench/harvest-lag.json

@@ -1,7 +1,7 @@
 """Runtime benchmarks of HACO's distributed path (Celery workers + Redis), side by side
 with their floors: a raw Redis echo between two processes and a bare Celery app.
 
-    python bench/runtime.py overhead|throughput|tail|loser|all [--n N] [--json PATH]
+    python -m bench.runtime overhead|throughput|tail|loser|all [--n N] [--json PATH]
 
 Starts what it needs (Redis from HACO_REDIS_URL, else an embedded server in a temp dir;
 `haco worker` subprocesses with HACO_POOL_FILE=bench/fixtures/runtime_pool.toml; the
@@ -22,12 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import rtbench
-import rttail
 from rich.table import Table
-from rtlib import Services, echo_floor, echo_peer, machine, server_info, summary_ms
 
-from coordinator.cli_common import err, show
+from bench import rtbench, rttail
+from bench.console import err, show
+from bench.rtlib import Services, echo_floor, echo_peer, machine, server_info, summary_ms
 
 BENCHES = ("overhead", "throughput", "tail", "loser")
 DEFAULT_N = {"overhead": 1000, "tail": 1500, "loser": 200}

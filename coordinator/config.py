@@ -1,7 +1,7 @@
 """Runtime settings, read from ``HACO_*`` environment variables (pydantic-settings).
 
 Every timeout, TTL and rate of the distributed runtime is here with its default; the
-method's own parameters live in :mod:`coordinator.settings`.
+method's own parameters live in :mod:`coordinator.core.params`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class HacoSettings(BaseSettings):
     trace_stream_ttl_s: Seconds = 7 * 86_400.0
     profile_ttl_s: Seconds = 30 * 86_400.0
 
-    # Harvester (coordinator/harvester.py): reads the trace stream with this consumer
+    # Harvester (coordinator/tracestore/harvester.py): reads the trace stream with this consumer
     # group, up to harvest_batch entries per read, blocking up to harvest_block_ms for new
     # ones, and writes each batch to Postgres in one transaction.
     harvest_group: Annotated[str, Field(min_length=1, max_length=128)] = "haco-harvesters"
@@ -92,7 +92,7 @@ class HacoSettings(BaseSettings):
     harvest_dead_letter_maxlen: Annotated[int, Field(ge=1)] = 100_000
     harvest_dead_letter_ttl_s: Seconds = 30 * 86_400.0
 
-    # Profile recomputation (coordinator/recompute.py, Celery beat task haco.recompute on
+    # Profile recomputation (coordinator/tracestore/recompute.py, Celery beat task haco.recompute on
     # queue haco.maintenance): every recompute_interval_s, the profiles are rebuilt from the
     # members that finished in the last recompute_window_s and published as a snapshot.
     # A recompute waits up to recompute_wait_s for the harvester to store every trace up

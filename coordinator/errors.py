@@ -7,7 +7,8 @@
     │   ├── ScenarioError       a scenario or pool file that does not describe a valid world
     │   ├── PlanInputError      a `haco plan` request that cannot be planned
     │   ├── ConfigError         a pool config that is not valid
-    │   └── UnknownZoneError    a zone or role that the pool config does not define
+    │   ├── UnknownRoleError    a role that the pool config does not serve
+    │   └── UnknownZoneError    a zone that the pool config does not define
     ├── PolicyError             the allocation rule was asked something it cannot answer
     ├── StoreError              a shared-state backend (Redis) failed
     ├── ServiceError            an embedded service (Redis) cannot be started or stopped
@@ -45,8 +46,12 @@ class ConfigError(InputError):
     """A pool config that is not valid."""
 
 
+class UnknownRoleError(InputError):
+    """A role the pool config does not serve."""
+
+
 class UnknownZoneError(InputError):
-    """A zone or role the pool config does not define (never an orphan queue)."""
+    """A zone the pool config does not define (never an orphan queue)."""
 
 
 class PolicyError(HacoError):

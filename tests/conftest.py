@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from coordinator.migrate import migrate
+from coordinator.tracestore.migrate import migrate
 
 # The machine's PostgreSQL (trust auth); each test module gets a database of its own.
 PG_ADMIN_URL = os.environ.get("HACO_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -11,18 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.budget import MemoryBudget
 from coordinator.config import HacoSettings
-from coordinator.dispatch import ThreadDispatcher
-from coordinator.hedgedelay import MemoryDelayWindow
-from coordinator.memstore import MemoryStore
-from coordinator.poolconfig import Pool
-from coordinator.runtime import Coordinator, InvocationResult
+from coordinator.runtime.coordinator import Coordinator, InvocationResult
+from coordinator.runtime.dispatch import ThreadDispatcher
+from coordinator.runtime.pool import Pool
+from coordinator.state.budget import MemoryBudget
+from coordinator.state.hedgedelay import MemoryDelayWindow
+from coordinator.state.memstore import MemoryStore
 from schemas.enums import FailureKind
 from schemas.models import BackendSpec, Candidate, MemberReport, MemberTask, Message, RoleInvocation
 from schemas.pool import PoolConfig
 from workers.backends.base import Backend, BackendResult, StopCheck
-from workers.member import MemberContext
+from workers.member import MemberContext, execute_member
 
 ROLE = "coder"
 SLOW = 5.0  # a member that only ends when it is cancelled (every test ends far sooner)
@@ -156,7 +156,7 @@ def build_runtime(
     store, delays, budget = MemoryStore(), MemoryDelayWindow(settings), MemoryBudget(settings)
     ctx = MemberContext(store=store, backends=lambda _t: backend, settings=settings, delays=delays)
     pool = pool or small_pool()
-    dispatcher = ThreadDispatcher(ctx, pool.zones, max_workers)
+    dispatcher = ThreadDispatcher(lambda t: execute_member(t, ctx), pool.zones, max_workers)
     rng = np.random.default_rng(7)
     coord = Coordinator(pool, store, dispatcher, budget, delays, settings, rng=rng)
     return Runtime(coord, store, dispatcher, budget, backend)

@@ -15,12 +15,12 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator import keys
-from coordinator.budget import BudgetSnapshot, HedgeBudget, MemoryBudget, RedisBudget
 from coordinator.config import HacoSettings
 from coordinator.errors import InputError, StoreError
-from coordinator.hedgedelay import (
-    DelayWindow,
+from coordinator.runtime.ports import DelayWindow, HedgeBudget
+from coordinator.state import keys
+from coordinator.state.budget import BudgetSnapshot, MemoryBudget, RedisBudget
+from coordinator.state.hedgedelay import (
     MemoryDelayWindow,
     RedisDelayWindow,
     nearest_rank,

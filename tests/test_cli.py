@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from coordinator.cli import app
+from coordinator.cli.main import app
 from schemas.export import JSON_DIR, drift, export, render
-from workers.sim.scenario import builtin_path
+from sim.scenario import builtin_path
 
 RANKED_FIELDS = {"id", "mu", "sigma", "rho", "T_s", "C", "D", "u_plus", "r_minus", "p_success_cum"}
 

@@ -29,16 +29,16 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from coordinator import keys
-from coordinator.budget import RedisBudget
-from coordinator.client import HacoClient
 from coordinator.config import HacoSettings
 from coordinator.errors import AllFailedError, ConfigError, DeadlineError
-from coordinator.poolconfig import load_pool
-from coordinator.services import Stack, start_stack
+from coordinator.runtime.client import HacoClient
+from coordinator.runtime.pool import load_pool
+from coordinator.services.supervisor import Stack, start_stack
+from coordinator.state import keys
+from coordinator.state.broker import with_db
+from coordinator.state.budget import RedisBudget
 from schemas.enums import GroupState, MemberStatus
 from schemas.models import MemberReport, MemberTrace
-from workers.app import with_db
 
 EXTERNAL_URL = "redis://127.0.0.1:6379/0"
 HACO = str(Path(sys.executable).with_name("haco"))
@@ -61,7 +61,7 @@ ROLES: dict[str, list[tuple[str, str, int]]] = {
 BURST = 3
 BUDGET_SCRIPT = """
 import json, sys
-from coordinator.client import HacoClient
+from coordinator.runtime.client import HacoClient
 from coordinator.config import HacoSettings
 url, pool = sys.argv[1:3]
 settings = HacoSettings(redis_url=url, pool_file=pool, budget_burst=int(sys.argv[3]),
@@ -393,7 +393,7 @@ def test_no_app_key_without_ttl(services: Services) -> None:
     """Runs last: every key in DB 0, left by the tests above and by one more invocation
     that writes every kind of key, expires. DB 1 is excluded by design: it is Celery's
     broker, whose queues, bindings and unacked-message hash are kombu's own and never
-    expire (coordinator/keys.py)."""
+    expire (coordinator/state/keys.py)."""
     r = services.r
     key = f"effect-{uuid.uuid4().hex}"
     res = services.client.invoke("effect", "hi", deadline_s=10, idempotency_key=key)

@@ -16,8 +16,13 @@ import pytest
 import redis
 
 from coordinator.config import HacoSettings
-from coordinator.embedded import EmbeddedRedis, discover, pidfile_path, resolve_redis_url
 from coordinator.errors import ServiceError
+from coordinator.services.embedded_redis import (
+    EmbeddedRedis,
+    discover,
+    pidfile_path,
+    resolve_redis_url,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -221,7 +226,7 @@ def test_unusable_state_dir_is_a_service_error(tmp_path: Path) -> None:
 CHILD = """
 import atexit, json, sys
 from pathlib import Path
-from coordinator.embedded import EmbeddedRedis
+from coordinator.services.embedded_redis import EmbeddedRedis
 handle = EmbeddedRedis(Path(sys.argv[1]))
 url = handle.start()
 atexit.register(handle.stop)  # the documented pattern: the owner registers stop

@@ -26,13 +26,13 @@ import redis
 from psycopg_pool import ConnectionPool
 from typer.testing import CliRunner
 
-from coordinator import keys
-from coordinator.cli import app
+from coordinator.cli.main import app
 from coordinator.config import HacoSettings
-from coordinator.harvester import CRASH_AFTER_COMMIT_ENV, CRASH_EXIT_CODE, Harvester
-from coordinator.migrate import migrate
-from coordinator.services import Stack
-from coordinator.store import RedisStore
+from coordinator.services.supervisor import Stack
+from coordinator.state import keys
+from coordinator.state.store import RedisStore
+from coordinator.tracestore.harvester import CRASH_AFTER_COMMIT_ENV, CRASH_EXIT_CODE, Harvester
+from coordinator.tracestore.migrate import migrate
 from schemas.models import MemberReport, MemberTrace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,7 +190,7 @@ def test_malformed_entries_go_to_the_dead_letter_stream(
     ids = push(r, [*good, bad_json, contradicting, overflow])
     r.xadd(keys.TRACES, {"other": "field"})
     h = Harvester(r, pool, settings(), "h1")
-    with caplog.at_level(logging.ERROR, "coordinator.harvester"):
+    with caplog.at_level(logging.ERROR, "coordinator.tracestore.harvester"):
         assert h.run_once() == 5
     assert scalar(db, "SELECT count(*) FROM members") == 5
     dead = r.xrange(keys.TRACES_DEAD)
@@ -218,7 +218,7 @@ def test_reclaims_what_a_dead_consumer_left_pending(
     assert h.run_once() == 0  # not ours, not new
     assert h.reclaim() == 0  # not idle long enough yet
     stored: list[int] = []
-    with caplog.at_level(logging.ERROR, "coordinator.harvester"):
+    with caplog.at_level(logging.ERROR, "coordinator.tracestore.harvester"):
         wait_for("reclaim", lambda: stored.append(h.reclaim()) or sum(stored) > 0, 10)
     assert sum(stored) == 19
     assert scalar(db, "SELECT count(*) FROM members") == 19
@@ -235,7 +235,7 @@ def test_lag_metrics_and_the_buffer_alarm(
     h.run_once()
     push(r, [report_json(i) for i in range(30)])
     r.xreadgroup(s.harvest_group, "slow", {keys.TRACES: ">"}, count=10)
-    with caplog.at_level(logging.ERROR, "coordinator.harvester"):
+    with caplog.at_level(logging.ERROR, "coordinator.tracestore.harvester"):
         lag = h.update_lag()
         h.update_lag()
     assert lag.stream_len == 30 and lag.pending == 10
@@ -258,7 +258,7 @@ CRASHING_HARVESTER = """
 import sys, redis
 from psycopg_pool import ConnectionPool
 from coordinator.config import HacoSettings
-from coordinator.harvester import Harvester
+from coordinator.tracestore.harvester import Harvester
 client = redis.Redis.from_url(sys.argv[2])
 pool = ConnectionPool(sys.argv[1], min_size=1, max_size=1, open=False)
 pool.open(wait=True)

@@ -1,4 +1,4 @@
-"""The judge (coordinator.judge, the haco.judge queue): a judged score moves μ as the
+"""The judge (workers.judge, the haco.judge queue): a judged score moves μ as the
 spec says (α += q, β += 1 − q) without counting a call; a redelivered judgement counts
 once (the members row's judged_at guard); user, LLM and simulated scorers; and a real
 `haco worker --judge` process judging a harvested member end to end.
@@ -29,13 +29,30 @@ import redis
 from psycopg_pool import ConnectionPool
 from typer.testing import CliRunner
 
-from coordinator import keys
-from coordinator.cli import app as cli_app
+from coordinator.cli.main import app as cli_app
 from coordinator.config import HacoSettings
-from coordinator.embedded import EmbeddedRedis
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.profiles import (
+    CandidateObservation,
+    CandidateProfile,
+    apply_quality,
+    update_candidate,
+)
 from coordinator.errors import ConfigError, InputError
-from coordinator.harvester import Harvester
-from coordinator.judge import (
+from coordinator.runtime.pool import Pool, load_pool
+from coordinator.services.embedded_redis import EmbeddedRedis
+from coordinator.state import keys
+from coordinator.state.broker import with_db
+from coordinator.state.keys import JUDGE_QUEUE, JUDGE_TASK
+from coordinator.state.memstore import MemoryStore
+from coordinator.state.store import RedisStore
+from coordinator.tracestore.harvester import Harvester
+from schemas.enums import FailureKind
+from schemas.models import Candidate, MemberTask, Message
+from sim.scenario import load_builtin
+from workers.app import create_app, judge_task_for
+from workers.backends.base import BackendResult, StopCheck
+from workers.judge import (
     CallableScorer,
     JudgeTask,
     LLMJudge,
@@ -46,22 +63,7 @@ from coordinator.judge import (
     judge_member,
     parse_score,
 )
-from coordinator.memstore import MemoryStore
-from coordinator.poolconfig import Pool, load_pool
-from coordinator.profiles import (
-    CandidateObservation,
-    CandidateProfile,
-    apply_quality,
-    update_candidate,
-)
-from coordinator.settings import DecayUnit, ProfileSettings
-from coordinator.store import RedisStore
-from schemas.enums import FailureKind
-from schemas.models import Candidate, MemberTask, Message
-from workers.app import JUDGE_QUEUE, JUDGE_TASK, create_app, judge_task_for, with_db
-from workers.backends.base import BackendResult, StopCheck
 from workers.member import MemberContext, execute_member
-from workers.sim.scenario import load_builtin
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -531,7 +533,15 @@ def test_a_judge_worker_judges_a_harvested_member(pg_url: str, tmp_path: Path) -
         env = {k: v for k, v in os.environ.items() if not k.startswith("HACO_")}
         env |= {"HACO_REDIS_URL": url, "HACO_DATABASE_URL": pg_url}
         env |= {"HACO_POOL_FILE": str(pool_file), "PYTHONPATH": str(TESTS)}
-        argv = [sys.executable, "-m", "coordinator.cli", "worker", "--judge", "--concurrency", "2"]
+        argv = [
+            sys.executable,
+            "-m",
+            "coordinator.cli.main",
+            "worker",
+            "--judge",
+            "--concurrency",
+            "2",
+        ]
         with (tmp_path / "judge.log").open("wb") as log:
             proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:

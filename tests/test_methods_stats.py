@@ -8,11 +8,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from coordinator.methods import BASELINES, BestOne, MixtureOfAgents, PoolView, RandomOne
-from coordinator.policy import CandidateArrays, allocate
-from coordinator.profiles import CandidateProfile, LinkProfile, Moments
-from coordinator.settings import PolicyParams, ProfileSettings
-from coordinator.stats import PoolMember, build_arrays, link_id
+from coordinator.core.evidence import PoolMember, build_arrays, link_id
+from coordinator.core.methods import BASELINES, BestOne, MixtureOfAgents, PoolView, RandomOne
+from coordinator.core.params import PolicyParams, ProfileSettings
+from coordinator.core.policy import CandidateArrays, allocate
+from coordinator.core.profiles import CandidateProfile, LinkProfile, Moments
 from schemas.enums import StopReason, WinnerMode
 
 FIELDS = ("alpha", "beta", "f_int", "loss", "t_proc_s", "bytes", "bandwidth_Bps", "jitter_Bps")
@@ -245,7 +245,7 @@ def test_bytes_are_request_plus_expected_output() -> None:
 
 
 def test_built_arrays_are_valid_policy_input() -> None:
-    from coordinator.policy import validate
+    from coordinator.core.policy import validate
 
     links = {link_id("local", "global"): link("global", [1e6], losses=1.0, sent=4.0)}
     profiles = {"c1": profile("c1", [2.0], tokens_out=50.0)}

@@ -23,17 +23,17 @@ from psycopg import errors as pg_errors
 from psycopg.conninfo import make_conninfo
 from typer.testing import CliRunner
 
-from coordinator.cli import app
+from coordinator.cli.main import app
 from coordinator.config import HacoSettings
-from coordinator.embedded_pg import (
+from coordinator.errors import DatabaseError, MigrationError
+from coordinator.services.embedded_pg import (
     EmbeddedPostgres,
-    connect,
     data_dir_path,
     discover,
     resolve_database_url,
 )
-from coordinator.errors import DatabaseError, MigrationError
-from coordinator.migrate import (
+from coordinator.tracestore.db import connect
+from coordinator.tracestore.migrate import (
     DEFAULT_DIR,
     MIGRATE_LOCK,
     discover_migrations,

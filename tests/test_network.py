@@ -20,8 +20,8 @@ from schemas.scenario import (
     TokenModel,
     TraceLatency,
 )
-from workers.sim.backends import SimModel, load_trace, simulate_call
-from workers.sim.network import LinkState, Transmission, transmit
+from sim.candidates import SimModel, load_trace, simulate_call
+from sim.network import LinkState, Transmission, transmit
 
 N = 20_000
 NET = NetworkSpec()  # timeout 5 s, T_min = 0.5 μ, 4 bytes per token, lossy request only

@@ -12,10 +12,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from coordinator.core.methods import PoolView, haco_variant
+from coordinator.core.params import PolicyParams
+from coordinator.core.policy import Allocation, CandidateArrays, allocate, validate
 from coordinator.errors import InputError, PolicyError
-from coordinator.methods import PoolView, haco_variant
-from coordinator.policy import Allocation, CandidateArrays, allocate, validate
-from coordinator.settings import PolicyParams
 from schemas.enums import StopReason
 
 FIELDS = ("alpha", "beta", "f_int", "loss", "t_proc_s", "bytes", "bandwidth_Bps", "jitter_Bps")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.errors import InputError
-from coordinator.profiles import (
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.profiles import (
     CandidateObservation,
     CandidateProfile,
     LinkObservation,
@@ -19,7 +19,7 @@ from coordinator.profiles import (
     update_candidate,
     update_link,
 )
-from coordinator.settings import DecayUnit, ProfileSettings
+from coordinator.errors import InputError
 from schemas.enums import FailureKind
 
 NEVER = ProfileSettings()

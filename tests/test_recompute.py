@@ -1,7 +1,7 @@
-"""Periodic profile recomputation (coordinator.recompute, coordinator.epochs): the merge of
-a snapshot with online deltas, the SQL aggregation against the pure fold, and the end to
-end split — nothing counted twice, nothing dropped — on real Redis (DB 9) and a fresh
-Postgres database of the machine's server."""
+"""Periodic profile recomputation (coordinator.tracestore.recompute,
+coordinator.state.epochs): the merge of a snapshot with online deltas, the SQL
+aggregation against the pure fold, and the end to end split — nothing counted twice,
+nothing dropped — on real Redis (DB 9) and a fresh Postgres database of the machine's server."""
 
 from __future__ import annotations
 
@@ -26,15 +26,12 @@ from hypothesis import strategies as st
 from psycopg_pool import ConnectionPool
 from typer.testing import CliRunner
 
-from coordinator import cli_profiles, epochs, keys
-from coordinator.cli import app
+from coordinator.cli import profiles as cli_profiles
+from coordinator.cli.main import app
 from coordinator.config import HacoSettings
-from coordinator.embedded_pg import connect
-from coordinator.errors import StoreError
-from coordinator.harvester import Harvester
-from coordinator.memstore import MemoryStore
-from coordinator.poolconfig import default_pool
-from coordinator.profiles import (
+from coordinator.core.evidence import link_id
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.profiles import (
     CandidateObservation,
     CandidateProfile,
     LinkObservation,
@@ -46,16 +43,20 @@ from coordinator.profiles import (
     update_candidate,
     update_link,
 )
-from coordinator.profilesql import (
+from coordinator.errors import StoreError
+from coordinator.runtime.pool import default_pool
+from coordinator.state import epochs, keys
+from coordinator.state.memstore import MemoryStore
+from coordinator.state.store import OutcomeLimits, RedisStore
+from coordinator.tracestore.db import connect
+from coordinator.tracestore.harvester import Harvester
+from coordinator.tracestore.profilesql import (
     aggregate,
     link_observation_from_trace,
     observation_from_trace,
     split_id,
 )
-from coordinator.recompute import RECOMPUTE_LOCK, recompute, wait_harvested
-from coordinator.settings import DecayUnit, ProfileSettings
-from coordinator.stats import link_id
-from coordinator.store import OutcomeLimits, RedisStore
+from coordinator.tracestore.recompute import RECOMPUTE_LOCK, recompute, wait_harvested
 from schemas.enums import FailureKind
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.app import create_app

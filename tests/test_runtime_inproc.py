@@ -24,21 +24,22 @@ from runtime_helpers import (
     started,
 )
 
+from coordinator.core.evidence import link_id
 from coordinator.errors import (
     AllFailedError,
     ConfigError,
     DeadlineError,
     NotIdempotentError,
+    UnknownRoleError,
     UnknownZoneError,
 )
-from coordinator.poolconfig import Pool, default_pool, load_pool, sim_scenario
-from coordinator.stats import link_id
-from coordinator.store import CANCELLED, RESOLVED
+from coordinator.runtime.pool import Pool, default_pool, load_pool, sim_scenario
+from coordinator.state.store import CANCELLED, RESOLVED
 from schemas.enums import LaunchMode, MemberStatus, StopReason, WinnerMode
 from schemas.models import BackendSpec, Candidate, MemberTask, Message, RoleInvocation
 from schemas.pool import PoolConfig, SimSection
 from workers.backends.base import Backend
-from workers.backends.sim import SimBackend
+from workers.backends.simulated import SimBackend
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -272,7 +273,7 @@ def test_an_idempotency_key_commits_once(make_runtime: MakeRuntime) -> None:
 
 def test_an_unknown_role_is_refused(make_runtime: MakeRuntime) -> None:
     rt = scripted(make_runtime, Step(0.005))
-    with pytest.raises(UnknownZoneError, match="unknown role 'tester'"):
+    with pytest.raises(UnknownRoleError, match="unknown role 'tester'"):
         rt.coordinator.invoke(RoleInvocation(role="tester", payload=[]))
 
 

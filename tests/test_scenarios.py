@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from coordinator.cli import app
+from coordinator.cli.main import app
 from coordinator.errors import ScenarioError
 from schemas.models import link_key
 from schemas.scenario import (
@@ -18,7 +18,7 @@ from schemas.scenario import (
     Scenario,
     TraceLatency,
 )
-from workers.sim.scenario import BUILTIN, builtin_path, load_builtin, load_scenario
+from sim.scenario import BUILTIN, builtin_path, load_builtin, load_scenario
 
 ROLES = ["coder", "debugger", "filter", "planner"]
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.benchreport import analytic_fixed_zone
+from bench.report import analytic_fixed_zone
+from coordinator.core.params import PolicyParams
 from coordinator.errors import InputError
-from coordinator.settings import PolicyParams
 from schemas.enums import FailureKind
 from schemas.scenario import Scenario, WorkloadSpec
-from workers.sim.network import LinkState
-from workers.sim.runner import RunResult, method_names, run
-from workers.sim.scenario import builtin_path, load_builtin, load_scenario
-from workers.sim.workflow import (
+from sim.network import LinkState
+from sim.runner import RunResult, method_names, run
+from sim.scenario import builtin_path, load_builtin, load_scenario
+from sim.workflow import (
     Controller,
     Invocation,
     PlanSignal,
@@ -27,7 +27,7 @@ from workers.sim.workflow import (
     TaskOutcome,
     datawise_task,
 )
-from workers.sim.world import SimWorld
+from sim.world import SimWorld
 
 
 @pytest.fixture(scope="module")

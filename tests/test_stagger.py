@@ -1,4 +1,4 @@
-"""Launch scheduling (coordinator.stagger, spec hedging.md "Launch modes"): pure
+"""Launch scheduling (coordinator.core.stagger, spec hedging.md "Launch modes"): pure
 bookkeeping over explicit times; no clock is read and nothing sleeps."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from coordinator.stagger import Launch, Launcher, LaunchReason
+from coordinator.core.stagger import Launch, Launcher, LaunchReason
 from schemas.enums import LaunchMode
 
 START = 1000.0

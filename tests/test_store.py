@@ -1,4 +1,4 @@
-"""Shared runtime state (coordinator.store): every test runs on Redis (db 14) and on the
+"""Shared runtime state (coordinator.state.store): every test runs on Redis (db 14) and on the
 in-memory store, which must keep the same semantics."""
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from coordinator import keys
-from coordinator.errors import StoreError
-from coordinator.memstore import MemoryStore
-from coordinator.profiles import (
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.profiles import (
     CandidateObservation,
     CandidateProfile,
     LinkObservation,
@@ -24,8 +22,11 @@ from coordinator.profiles import (
     update_candidate,
     update_link,
 )
-from coordinator.settings import DecayUnit, ProfileSettings
-from coordinator.store import CANCELLED, OPEN, RESOLVED, RedisStore, RuntimeStore
+from coordinator.errors import StoreError
+from coordinator.runtime.ports import RuntimeStore
+from coordinator.state import keys
+from coordinator.state.memstore import MemoryStore
+from coordinator.state.store import CANCELLED, OPEN, RESOLVED, RedisStore
 from schemas.enums import FailureKind
 
 REDIS_URL = "redis://127.0.0.1:6379/14"

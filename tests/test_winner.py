@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.winner import PENDING, Report, Resolution, resolve, verdict
+from coordinator.core.winner import PENDING, Report, Resolution, resolve, verdict
 from schemas.enums import WinnerMode
 
 

@@ -4,11 +4,11 @@ One queue per zone, ``haco.zone.<zone>``, consumed by the workers of that zone. 
 tasks are acknowledged late and rejected (requeued) when their worker is lost, one at a
 time per worker thread; their results are ignored — members reply on their group's
 Redis list, which is the only reply path. The broker is Redis database
-:data:`coordinator.keys.BROKER_DB`, apart from HACO's own keys.
+:data:`coordinator.state.keys.BROKER_DB`, apart from HACO's own keys.
 
 The judge queue ``haco.judge`` (`haco worker --judge`) scores successful members that
 came back without a quality, when the pool config has an ``[evaluator]``
-(:mod:`coordinator.judge`); its worker also needs the trace store (HACO_DATABASE_URL or
+(:mod:`workers.judge`); its worker also needs the trace store (HACO_DATABASE_URL or
 the embedded Postgres). Counters ``judge_<outcome>`` go to ``keys.METRICS``.
 """
 
@@ -18,17 +18,27 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from celery import Celery
 from pydantic import ValidationError
 
-from coordinator import embedded_pg, keys
 from coordinator.config import HacoSettings
 from coordinator.errors import ConfigError, DatabaseError, InputError, StoreError
-from coordinator.hedgedelay import RedisDelayWindow
-from coordinator.judge import (
+from coordinator.runtime.pool import pool_from_settings, sim_scenario
+from coordinator.services import embedded_pg
+from coordinator.state import keys
+from coordinator.state.broker import celery_conf, with_db
+from coordinator.state.codec import text
+from coordinator.state.hedgedelay import RedisDelayWindow
+from coordinator.state.keys import JUDGE_QUEUE, JUDGE_TASK, MEMBER_TASK
+from coordinator.state.store import RedisStore
+from coordinator.tracestore.db import connect
+from schemas.models import Candidate, MemberReport, MemberTask
+from schemas.pool import PoolConfig, SimSection
+from workers.backends.base import Backend
+from workers.backends.simulated import SimBackend
+from workers.judge import (
     CallableScorer,
     Judged,
     JudgeTask,
@@ -38,37 +48,14 @@ from coordinator.judge import (
     SimJudge,
     judge_member,
 )
-from coordinator.store import RedisStore
-from schemas.models import Candidate, MemberReport, MemberTask
-from schemas.pool import PoolConfig, SimSection
-from workers.backends.base import Backend
-from workers.backends.sim import SimBackend
 from workers.maintenance import register_maintenance
 from workers.member import MemberContext, execute_member
 
-MEMBER_TASK = "haco.member"
-JUDGE_TASK = JUDGE_QUEUE = "haco.judge"
 # A judge task that finds no member row (not harvested yet), or cannot reach Postgres or
 # Redis, is retried after 0.5 s, doubling up to 60 s, at most 25 times (~19 min).
 JUDGE_RETRY_FIRST_S, JUDGE_RETRY_MAX_S, JUDGE_MAX_RETRIES = 0.5, 60.0, 25
 log = logging.getLogger(__name__)
 JudgeSender = Callable[[dict[str, Any]], None]
-
-
-def queue_for(zone: str) -> str:
-    return f"haco.zone.{zone}"
-
-
-def with_db(url: str, db: int) -> str:
-    """The same Redis server, another database number (redis://host:port/db)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
-        raise ConfigError(f"redis URL {url!r}: expected a redis:// or rediss:// URL")
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def judge_task_for(task: MemberTask, report: MemberReport) -> JudgeTask:
@@ -80,17 +67,6 @@ def judge_task_for(task: MemberTask, report: MemberReport) -> JudgeTask:
         request=task.payload,
         output=report.output or "",
     )
-
-
-def database_url(settings: HacoSettings) -> str:
-    """HACO_DATABASE_URL, else the embedded Postgres of the state dir (never started here)."""
-    url = embedded_pg.running_url(settings)
-    if not url:
-        raise DatabaseError(
-            "the judge needs the trace store: HACO_DATABASE_URL is unset and no embedded "
-            f"Postgres runs under {str(settings.state_dir)!r}"
-        )
-    return url
 
 
 class WorkerRuntime:
@@ -132,8 +108,6 @@ class WorkerRuntime:
     def pool(self) -> PoolConfig:
         with self._lock:
             if self._pool is None:
-                from coordinator.poolconfig import pool_from_settings  # noqa: PLC0415
-
                 self._pool = pool_from_settings(self.settings)
             return self._pool
 
@@ -157,25 +131,23 @@ class WorkerRuntime:
         if ev.scorer == "callable":
             return CallableScorer(ev.callable or "")
         if ev.scorer == "sim":
-            from coordinator.poolconfig import sim_scenario  # noqa: PLC0415
-
             return SimJudge.for_model(sim_scenario(pool.sim or SimSection()), ev.model)
         cand = next(c for c in pool.evaluators if c.id == ev.candidate)
         return LLMJudge(self.backend_for_candidate(cand), cand, ev.prompt)
 
     def judge(self, task: JudgeTask) -> Judged:
-        """Score one member and apply it (coordinator.judge.judge_member); counted."""
+        """Score one member and apply it (workers.judge.judge_member); counted."""
         scorer, store = self.scorer(), RedisStore(self._redis())
         if self._db_url is None:
-            self._db_url = database_url(self.settings)
-        with embedded_pg.connect(self._db_url) as conn:
+            self._db_url = embedded_pg.trace_store_url(self.settings)
+        with connect(self._db_url) as conn:
             done = judge_member(task, scorer, store, conn, ttl_s=self.settings.profile_ttl_s)
         store.incr_metrics({f"judge_{done.outcome.value}": 1}, self.settings.profile_ttl_s)
         return done
 
     def _faults(self) -> Mapping[str, float]:
         raw = self._redis().hgetall(keys.SIM_FAULTS)
-        return {_text(k): float(v) for k, v in raw.items()}
+        return {text(k): float(v) for k, v in raw.items()}
 
     def _effect(self, task: MemberTask) -> None:
         key = keys.sim_effects(task.idempotency_key or task.member_id)
@@ -196,8 +168,6 @@ class WorkerRuntime:
         key = (sim.scenario, scale)
         with self._lock:
             if key not in self._sims:
-                from coordinator.poolconfig import sim_scenario  # noqa: PLC0415 - avoids a cycle
-
                 self._sims[key] = SimBackend(
                     sim_scenario(sim),
                     scale,
@@ -210,25 +180,7 @@ class WorkerRuntime:
 
 def create_app(settings: HacoSettings, redis_url: str) -> Celery:
     app = Celery("haco", set_as_current=False)
-    app.conf.update(
-        broker_url=with_db(redis_url, keys.BROKER_DB),
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
-        broker_connection_retry_on_startup=True,
-        result_backend=None,
-        task_ignore_result=True,
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        worker_pool="threads",
-        worker_concurrency=settings.worker_concurrency,
-        worker_hijack_root_logger=False,
-        task_serializer="json",
-        task_routes={JUDGE_TASK: {"queue": JUDGE_QUEUE}},
-        accept_content=["json"],
-        # Flower and `celery events` see member tasks only with events on (opt-in).
-        worker_send_task_events=settings.task_events,
-        task_send_sent_event=settings.task_events,
-    )
+    app.conf.update(celery_conf(settings, redis_url))
     runtime = WorkerRuntime(
         settings,
         redis_url,

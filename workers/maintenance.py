@@ -1,5 +1,5 @@
 """Maintenance tasks of the Celery app (:func:`workers.app.create_app`): the periodic
-profile recompute (``haco.recompute``, coordinator.recompute) every
+profile recompute (``haco.recompute``, coordinator.tracestore.recompute) every
 ``recompute_interval_s`` and the trace store's retention (``haco.retention``: daily
 partitions ahead, old ones dropped) every ``retention_interval_s``, on queue
 ``haco.maintenance``, scheduled by Celery beat.
@@ -20,17 +20,16 @@ from typing import Any
 
 import redis
 
-from coordinator import embedded_pg
 from coordinator.config import HacoSettings
 from coordinator.errors import HacoError
-from coordinator.migrate import drop_older_than, ensure_partitions
-from coordinator.recompute import recompute_once
+from coordinator.services import embedded_pg
+from coordinator.state.keys import MAINTENANCE_QUEUE, RECOMPUTE_TASK, RETENTION_TASK
+from coordinator.tracestore.db import connect
+from coordinator.tracestore.migrate import drop_older_than, ensure_partitions
+from coordinator.tracestore.recompute import recompute_once
 
-RECOMPUTE_TASK = "haco.recompute"
-RETENTION_TASK = "haco.retention"
 RETENTION_ENTRY = "haco-retention"
 PARTITIONS_AHEAD_DAYS = 7  # daily partitions kept ready, so rows rarely land in default
-MAINTENANCE_QUEUE = "haco.maintenance"
 SCHEDULE_ENTRY = "haco-recompute"
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ def register_maintenance(app: Any, settings: HacoSettings, app_redis_url: str) -
     def recompute() -> None:
         client = redis.Redis.from_url(app_redis_url)
         try:
-            result = recompute_once(client, settings)
+            result = recompute_once(client, embedded_pg.trace_store_url(settings), settings)
         except HacoError as exc:  # logged, not retried: the next beat tick tries again
             log.error("profile recompute failed: %s", exc)
             return
@@ -73,7 +72,7 @@ def _register_retention(app: Any, settings: HacoSettings, schedule: dict[str, An
                 log.info("retention skipped: no trace store configured")
                 return
             cutoff = datetime.now(UTC) - timedelta(days=settings.retention_days)
-            with embedded_pg.connect(url) as conn:
+            with connect(url) as conn:
                 created = ensure_partitions(conn, PARTITIONS_AHEAD_DAYS)
                 result = drop_older_than(conn, cutoff)
         except HacoError as exc:  # logged: the next tick tries again

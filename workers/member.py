@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coordinator.config import HacoSettings
-from coordinator.hedgedelay import DelayWindow
-from coordinator.profiles import CandidateObservation
-from coordinator.settings import ProfileSettings
-from coordinator.stats import link_id
-from coordinator.store import CANCELLED, OutcomeLimits, RuntimeStore
+from coordinator.core.evidence import link_id
+from coordinator.core.params import ProfileSettings
+from coordinator.core.profiles import CandidateObservation
+from coordinator.runtime.ports import DelayWindow, RuntimeStore
+from coordinator.state.store import CANCELLED, OutcomeLimits
 from schemas.enums import FailureKind, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.backends.base import Backend, BackendResult
@@ -182,7 +182,7 @@ def _harvest(
         if failure is None and ctx.delays is not None:
             ctx.delays.record(task.candidate.role, report.trace.latency_s)
     # Profiles and trace in one transaction: the trace's stream id and the profile epoch
-    # it was counted in agree, which the periodic recompute relies on (coordinator.epochs).
+    # it was counted in agree, which the periodic recompute relies on (coordinator.state.epochs).
     src, dst = task.caller_zone, task.candidate.zone
     limits = OutcomeLimits(s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s)
     ctx.store.record_outcome(

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from coordinator.profiles import LinkObservation
+from coordinator.core.profiles import LinkObservation
 from schemas.enums import FailureKind
 from schemas.models import MemberTask
 

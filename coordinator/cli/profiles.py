@@ -1,0 +1,161 @@
+"""Profile commands of `haco`: profiles (the effective profiles), recompute (one now),
+beat (the periodic recompute: Celery beat with a worker on the maintenance queue)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import redis
+import typer
+from rich.table import Table
+
+from coordinator.cli.common import clean_errors, err, show
+from coordinator.config import HacoSettings
+from coordinator.core.evidence import PoolMember, build_arrays, link_id
+from coordinator.core.params import PolicyParams, ProfileSettings
+from coordinator.core.policy import allocate
+from coordinator.core.profiles import CandidateProfile, latency_percentile
+from coordinator.errors import StoreError
+from coordinator.runtime.client import service_url
+from coordinator.runtime.pool import Pool, pool_from_settings
+from coordinator.services import embedded_pg
+from coordinator.state import keys
+from coordinator.state.broker import with_db
+from coordinator.state.epochs import ProfileView, snapshot_meta
+from coordinator.state.store import RedisStore
+from coordinator.tracestore.recompute import recompute_once
+from schemas.models import Candidate
+from workers.app import create_app
+from workers.maintenance import beat_argv
+
+
+def _redis(settings: HacoSettings) -> redis.Redis:
+    """The application database (tests replace this)."""
+    return redis.Redis.from_url(with_db(service_url(settings), keys.APP_DB))
+
+
+def _when(at_s: float | None) -> str | None:
+    return None if at_s is None else datetime.fromtimestamp(at_s, UTC).isoformat()
+
+
+def _row(c: Candidate, p: CandidateProfile | None, version: int | None) -> dict[str, Any]:
+    calls = p.calls if p is not None else 0.0
+
+    def rate(n: float) -> float:
+        return n / calls if calls > 0 else 0.0
+
+    return {
+        "candidate": c.id, "role": c.role, "zone": c.zone,
+        "fail_internal": rate(p.internal_failures) if p else 0.0,
+        "fail_network": rate(p.network_failures) if p else 0.0,
+        "fail_deadline": rate(p.deadline_failures) if p else 0.0,
+        "latency_p50_s": latency_percentile(p, 50) if p else None,
+        "latency_p95_s": latency_percentile(p, 95) if p else None,
+        "calls": calls, "last_seen": _when(p.last_seen_s if p else None),
+        "snapshot_version": version,
+    }  # fmt: skip
+
+
+def profile_rows(
+    cands: list[Candidate], caller_zone: str, view: ProfileView
+) -> list[dict[str, Any]]:
+    """One row per candidate: μ ± σ and ρ as the allocation rule sees them (spec §2)."""
+    if not cands:
+        return []
+    members = [PoolMember(c.id, c.zone) for c in cands]
+    stats = build_arrays(members, caller_zone, view.candidates, view.links, 0.0, ProfileSettings())
+    alloc = allocate(stats, PolicyParams())
+    rows = []
+    for i, c in enumerate(cands):
+        row = _row(c, view.candidates.get(c.id), view.version)
+        row.update(mu=float(alloc.mu[i]), sigma=float(alloc.sigma[i]), rho=float(alloc.rho[i]))
+        rows.append(row)
+    return rows
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _table(rows: list[dict[str, Any]], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("candidate", "zone", "μ ± σ", "ρ", "fail int/net/ddl", "p50 s", "p95 s",
+                "calls", "last seen", "snapshot"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("candidate", "zone", "last seen") else "right")
+    for r in rows:
+        fails = "/".join(f"{r[k]:.1%}" for k in ("fail_internal", "fail_network", "fail_deadline"))
+        t.add_row(
+            r["candidate"], r["zone"], f"{r['mu']:.3f} ± {r['sigma']:.3f}", f"{r['rho']:.3f}",
+            fails, _fmt(r["latency_p50_s"]), _fmt(r["latency_p95_s"]), f"{r['calls']:.0f}",
+            r["last_seen"] or "—", str(r["snapshot_version"] or "—"),
+        )  # fmt: skip
+    return t
+
+
+@clean_errors
+def profiles_cmd(
+    role: Annotated[str | None, typer.Option(help="Only this role's candidates")] = None,
+) -> None:
+    """The effective experience profiles (snapshot + online deltas) of the pool: a table
+    on stderr, JSON on stdout."""
+    settings = HacoSettings()
+    pool = Pool(pool_from_settings(settings))
+    roles = [role] if role is not None else sorted(pool.by_role)
+    cands = [c for r in roles for c in pool.candidates(r)]
+    caller = pool.config.caller_zone
+    client = _redis(settings)
+    try:
+        store = RedisStore(client)
+        view = store.load_view(
+            [c.id for c in cands], sorted({link_id(caller, c.zone) for c in cands})
+        )
+        meta = snapshot_meta(client)
+    except redis.RedisError as exc:
+        raise StoreError(f"redis failed to read the profile snapshot: {exc}") from exc
+    finally:
+        client.close()
+    rows = [row for r in roles for row in profile_rows(pool.candidates(r), caller, view)]
+    version = (
+        f"snapshot v{view.version} (epoch {view.snapshot_epoch})" if view.version else "no snapshot"
+    )
+    show(_table(rows, f"profiles — {version}, online epoch {view.epoch}, caller zone {caller}"))
+    print(json.dumps({"snapshot": meta, "epoch": view.epoch, "profiles": rows}, indent=2))
+
+
+@clean_errors
+def recompute_cmd() -> None:
+    """Recompute the profiles from the trace store now and publish the snapshot (what the
+    beat task haco.recompute does every HACO_RECOMPUTE_INTERVAL_S)."""
+    settings = HacoSettings()
+    client = _redis(settings)
+    try:
+        result = recompute_once(client, embedded_pg.trace_store_url(settings), settings)
+    except redis.RedisError as exc:
+        raise StoreError(f"redis failed during the recompute: {exc}") from exc
+    finally:
+        client.close()
+    if result.version is None and not result.adopted:
+        err.print("another recompute holds the lock (or published a later epoch): skipped")
+    else:
+        err.print(
+            f"snapshot v{result.version}: epoch {result.epoch}, watermark {result.watermark}, "
+            f"{result.candidates} candidates, {result.links} links; waited {result.wait_s:.2f} s "
+            f"for the harvester, aggregated in {result.aggregate_s:.2f} s"
+        )
+    print(json.dumps(result.to_dict(), indent=2))
+
+
+@clean_errors
+def beat_cmd() -> None:
+    """Run Celery beat and a worker of the haco.maintenance queue in one process: the
+    profile recompute every HACO_RECOMPUTE_INTERVAL_S (needs the trace store)."""
+    settings = HacoSettings()
+    create_app(settings, service_url(settings)).worker_main(beat_argv(settings))
+
+
+def register_profiles(app: typer.Typer) -> None:
+    app.command("profiles")(profiles_cmd)
+    app.command("recompute")(recompute_cmd)
+    app.command("beat")(beat_cmd)

@@ -1,0 +1,115 @@
+"""Turn experience profiles into the policy's input arrays (spec §2 cold-start choices).
+
+- no observations: f_int = 0, ℓ_net from the link profile (or 0), t_proc = the median of
+  the pool's known means (or ``cold_t_proc_s``);
+- a link never observed delivering: the median bandwidth/jitter of the pool's observed
+  links; with none observed at all the network term is zero (bandwidth = inf), so an
+  unexplored pool is ranked by quality and reliability alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from coordinator.core.methods import PoolView
+from coordinator.core.params import ProfileSettings
+from coordinator.core.policy import CandidateArrays
+from coordinator.core.profiles import CandidateProfile, LinkProfile
+
+
+def link_id(src_zone: str, dst_zone: str) -> str:
+    """Links are observed from the caller's side: one profile per direction."""
+    return f"{src_zone}->{dst_zone}"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolMember:
+    candidate_id: str
+    zone: str
+
+
+def _median(values: list[float], default: float) -> float:
+    if not values:
+        return default
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def build_arrays(
+    pool: Sequence[PoolMember],
+    caller_zone: str,
+    candidates: Mapping[str, CandidateProfile],
+    links: Mapping[str, LinkProfile],
+    request_bytes: float,
+    settings: ProfileSettings,
+) -> CandidateArrays:
+    """Policy inputs for ``pool`` in pool order, from the current profiles."""
+    n = len(pool)
+    alpha = np.ones(n)
+    beta = np.ones(n)
+    f_int = np.zeros(n)
+    loss = np.zeros(n)
+    t_proc: list[float | None] = [None] * n
+    out_bytes = np.zeros(n)
+    bw: list[float | None] = [None] * n
+    jit: list[float | None] = [None] * n
+    for i, member in enumerate(pool):
+        prof = candidates.get(member.candidate_id)
+        if prof is not None:
+            alpha[i] = prof.alpha
+            beta[i] = prof.beta
+            f_int[i] = prof.f_int
+            t_proc[i] = prof.latency.mean
+            mean_out = prof.tokens_out.mean
+            if mean_out is not None:
+                out_bytes[i] = mean_out * settings.bytes_per_token
+        link = links.get(link_id(caller_zone, member.zone))
+        if link is not None:
+            loss[i] = link.loss_rate
+            if link.bandwidth.n > 0:
+                bw[i] = link.bandwidth.mean
+                jit[i] = link.bandwidth.std
+    known_t = [t for t in t_proc if t is not None]
+    t_default = _median(known_t, settings.cold_t_proc_s)
+    known_bw = [b for b in bw if b is not None]
+    known_jit = [j for j in jit if j is not None]
+    bw_default = _median(known_bw, math.inf)
+    jit_default = _median(known_jit, 0.0)
+    return CandidateArrays(
+        alpha=alpha,
+        beta=beta,
+        f_int=f_int,
+        loss=loss,
+        t_proc_s=np.array([t_default if t is None else t for t in t_proc]),
+        bytes=out_bytes + float(request_bytes),
+        bandwidth_Bps=np.array([bw_default if b is None else b for b in bw]),
+        jitter_Bps=np.array([jit_default if j is None else j for j in jit]),
+    )
+
+
+def build_view(
+    pool: Sequence[PoolMember],
+    caller_zone: str,
+    candidates: Mapping[str, CandidateProfile],
+    links: Mapping[str, LinkProfile],
+    request_bytes: float,
+    settings: ProfileSettings,
+) -> PoolView:
+    """Everything a method may look at, from the profiles: the simulator and the live
+    runtime both decide through this, so a decision replays from the same evidence."""
+    stats = build_arrays(pool, caller_zone, candidates, links, request_bytes, settings)
+    profs = [candidates.get(m.candidate_id) for m in pool]
+    return PoolView(
+        ids=[m.candidate_id for m in pool],
+        zones=[m.zone for m in pool],
+        stats=stats,
+        calls=np.array([p.calls if p else 0.0 for p in profs]),
+        success_rate=np.array([p.success_rate if p else 0.0 for p in profs]),
+        mean_quality=np.array([(p.mean_quality or 0.0) if p else 0.0 for p in profs]),
+    )

@@ -1,0 +1,157 @@
+"""HACO and the paper's baselines and ablations (spec §7) behind one policy interface.
+
+A method is a pure decision function: it reads a :class:`PoolView` (the pool and the
+evidence about it) and an injected random generator, and returns a :class:`Decision`.
+The runner (simulator or distributed runtime) carries the decision out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from coordinator.core.params import PolicyParams
+from coordinator.core.policy import Allocation, CandidateArrays, FloatArray, allocate
+from coordinator.errors import InputError
+from schemas.enums import StopReason, WinnerMode
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """What a method may look at: ids, zones, policy statistics and simple history."""
+
+    ids: Sequence[str]
+    zones: Sequence[str]
+    stats: CandidateArrays
+    calls: FloatArray  # calls made to each candidate
+    success_rate: FloatArray  # successes / calls (0 when never called)
+    mean_quality: FloatArray  # mean judged quality of successes (0 when none)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    members: tuple[int, ...]  # pool indices in rank order (rank 0 first)
+    p_success: float
+    stop: StopReason
+    winner_mode: WinnerMode
+    u_plus: tuple[float, ...] = ()  # per member, when the method computes it
+    r_minus: tuple[float, ...] = ()
+    allocation: Allocation | None = None
+
+
+class Method(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def decide(self, view: PoolView, rng: np.random.Generator) -> Decision: ...
+
+
+def _from_allocation(alloc: Allocation, winner_mode: WinnerMode) -> Decision:
+    members = alloc.members
+    return Decision(
+        members=tuple(int(i) for i in members),
+        p_success=alloc.p_success,
+        stop=alloc.stop,
+        winner_mode=winner_mode,
+        u_plus=tuple(float(alloc.u_plus[i]) for i in members),
+        r_minus=tuple(float(alloc.r_minus[i]) for i in members),
+        allocation=alloc,
+    )
+
+
+@dataclass(frozen=True)
+class Haco:
+    """The dual-bound rule; ablations are the same rule with a component switched off."""
+
+    params: PolicyParams = field(default_factory=PolicyParams)
+    name: str = "haco"
+
+    def decide(self, view: PoolView, rng: np.random.Generator) -> Decision:
+        return _from_allocation(allocate(view.stats, self.params), self.params.winner_mode)
+
+
+def _single(index: int) -> Decision:
+    return Decision(
+        members=(index,), p_success=0.0, stop=StopReason.SINGLE_ROUTE, winner_mode=WinnerMode.FIRST
+    )
+
+
+@dataclass(frozen=True)
+class RandomOne:
+    """One candidate, uniformly at random."""
+
+    name: str = "random"
+
+    def decide(self, view: PoolView, rng: np.random.Generator) -> Decision:
+        return _single(int(rng.integers(len(view.ids))))
+
+
+@dataclass(frozen=True)
+class BestOne:
+    """One candidate, the best by record: mean judged quality of successes × success rate.
+
+    Cold start: every candidate is tried ``n_min`` times first (least-tried first, pool
+    order among ties); then ε-greedy with exploration probability ``p_exp``.
+    """
+
+    n_min: int = 2
+    p_exp: float = 0.1
+    name: str = "bestone"
+
+    def decide(self, view: PoolView, rng: np.random.Generator) -> Decision:
+        under = np.flatnonzero(view.calls < self.n_min)
+        if under.size:
+            return _single(int(under[np.argmin(view.calls[under])]))
+        if rng.random() < self.p_exp:
+            return _single(int(rng.integers(len(view.ids))))
+        score = view.mean_quality * view.success_rate
+        return _single(int(np.argmax(score)))
+
+
+@dataclass(frozen=True)
+class MixtureOfAgents:
+    """Best-of-N: the whole pool in parallel, the evaluator's highest score wins."""
+
+    name: str = "moa"
+
+    def decide(self, view: PoolView, rng: np.random.Generator) -> Decision:
+        return Decision(
+            members=tuple(range(len(view.ids))),
+            p_success=0.0,
+            stop=StopReason.FULL_POOL,
+            winner_mode=WinnerMode.BEST,
+        )
+
+
+@dataclass(frozen=True)
+class FirstCandidate:
+    """A fixed route: the runner hands it a one-candidate pool per role (fixed-zone)."""
+
+    name: str = "fixed"
+
+    def decide(self, view: PoolView, rng: np.random.Generator) -> Decision:
+        return _single(0)
+
+
+def haco_variant(params: PolicyParams, variant: str) -> Haco:
+    """The full method or one of the paper's ablations (spec §7)."""
+    match variant:
+        case "haco":
+            return Haco(params, "haco")
+        case "wo_env":
+            return Haco(params.model_copy(update={"use_env": False}), "wo_env")
+        case "wo_ucb":
+            return Haco(params.model_copy(update={"lam": 0.0}), "wo_ucb")
+        case "wo_lcb":
+            return Haco(params.model_copy(update={"use_lcb": False}), "wo_lcb")
+    raise InputError(f"unknown HACO variant {variant!r}; expected haco, wo_env, wo_ucb or wo_lcb")
+
+
+BASELINES: dict[str, Callable[[], Method]] = {
+    "random": RandomOne,
+    "bestone": BestOne,
+    "moa": MixtureOfAgents,
+}

@@ -1,0 +1,187 @@
+"""The HACO allocation rule (spec §2-§3) as pure functions over arrays.
+
+Nothing here touches Redis, Celery or Postgres, and nothing is random: given the same
+candidate statistics and parameters the decision is the same, so any decision can be
+replayed from stored traces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from coordinator.core.params import PolicyParams
+from coordinator.errors import PolicyError
+from schemas.enums import StopReason
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.intp]
+
+_FIELDS = ("alpha", "beta", "f_int", "loss", "t_proc_s", "bytes", "bandwidth_Bps", "jitter_Bps")
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateArrays:
+    """Per-candidate statistics, one array element per candidate of the pool.
+
+    alpha, beta: Beta posterior of judged quality. f_int: internal failure rate.
+    loss: loss rate of the link to the candidate. t_proc_s: mean processing latency.
+    bytes: expected bytes to transmit. bandwidth_Bps / jitter_Bps: observed link
+    bandwidth and its standard deviation (bytes/s); inf bandwidth = a free link.
+    """
+
+    alpha: FloatArray
+    beta: FloatArray
+    f_int: FloatArray
+    loss: FloatArray
+    t_proc_s: FloatArray
+    bytes: FloatArray
+    bandwidth_Bps: FloatArray
+    jitter_Bps: FloatArray
+
+    def __len__(self) -> int:
+        return int(self.alpha.shape[0])
+
+    @classmethod
+    def from_columns(cls, **columns: object) -> CandidateArrays:
+        """Build and validate from sequences; raises PolicyError naming the bad value."""
+        arrays = {}
+        size = None
+        for name in _FIELDS:
+            if name not in columns:
+                raise PolicyError(f"missing candidate statistic {name!r}")
+            arr = np.asarray(columns[name], dtype=np.float64)
+            if arr.ndim != 1:
+                raise PolicyError(f"{name} must be one-dimensional, got shape {arr.shape}")
+            size = arr.shape[0] if size is None else size
+            if arr.shape[0] != size:
+                raise PolicyError(f"{name} has {arr.shape[0]} values, expected {size}")
+            arrays[name] = arr
+        result = cls(**arrays)
+        validate(result)
+        return result
+
+
+def validate(stats: CandidateArrays) -> None:
+    """Reject statistics the rule is not defined for, naming the first bad value."""
+    if len(stats) == 0:
+        raise PolicyError("the candidate pool is empty; expected at least one candidate")
+    for name in _FIELDS:
+        arr: FloatArray = getattr(stats, name)
+        # Only bandwidth may be infinite (a link that costs no transfer time).
+        finite = np.isfinite(arr) if name != "bandwidth_Bps" else ~np.isnan(arr)
+        bad = np.flatnonzero(~finite | (arr < 0))
+        if bad.size:
+            raise PolicyError(
+                f"{name}[{int(bad[0])}] = {float(arr[bad[0]])!r}; "
+                "expected a finite non-negative number"
+            )
+    for name in ("alpha", "beta"):
+        arr = getattr(stats, name)
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr <= 0))
+        if bad.size:
+            raise PolicyError(
+                f"{name}[{int(bad[0])}] = {float(arr[bad[0]])!r}; expected > 0 and finite"
+            )
+    for name in ("f_int", "loss"):
+        arr = getattr(stats, name)
+        bad = np.flatnonzero(arr > 1)
+        if bad.size:
+            raise PolicyError(
+                f"{name}[{int(bad[0])}] = {float(arr[bad[0]])!r}; expected a rate in [0, 1]"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """The rule's full answer: the chosen prefix and every intermediate quantity.
+
+    Arrays are indexed by candidate (pool order) except ``order`` and ``p_success_cum``,
+    which follow the U⁺ ranking.
+    """
+
+    order: IntArray  # candidate indices by U⁺ descending (ties: pool order)
+    size: int  # members = order[:size]
+    p_success: float
+    stop: StopReason
+    p_success_cum: FloatArray  # conservative P_succ after each prefix of ``order``
+    mu: FloatArray
+    sigma: FloatArray
+    rho: FloatArray
+    T_s: FloatArray
+    C: FloatArray
+    D: FloatArray
+    u_plus: FloatArray
+    r_minus: FloatArray
+
+    @property
+    def members(self) -> IntArray:
+        return self.order[: self.size]
+
+
+def allocate(stats: CandidateArrays, params: PolicyParams) -> Allocation:
+    """Rank by U⁺ and take the shortest prefix whose conservative P_succ reaches τ.
+
+    The caller validates once at the boundary (:func:`validate`); this hot path does not.
+    """
+    a, b = stats.alpha, stats.beta
+    s = a + b
+    mu = a / s
+    sigma = np.sqrt(a * b / (s * s * (s + 1.0)))
+    if params.use_env:
+        rho = (1.0 - stats.f_int) * (1.0 - stats.loss)
+        eff_bw = np.maximum(params.eps_b, stats.bandwidth_Bps - params.kappa * stats.jitter_Bps)
+        T = stats.t_proc_s + stats.bytes / eff_bw
+        t0 = _median(T)
+        C = np.log1p(T / t0) if t0 > 0 else np.zeros_like(T)
+        D = 1.0 + params.eta * C
+    else:
+        # w/o Env ablation (spec §7): ρ = 1 and D = 1, the environment is invisible.
+        rho = np.ones_like(mu)
+        T = stats.t_proc_s.copy()
+        C = np.zeros_like(mu)
+        D = np.ones_like(mu)
+    u_plus = np.minimum(1.0, mu + params.lam * sigma) * rho / D
+    lower = mu - params.gamma * sigma if params.use_lcb else mu
+    r_minus = np.minimum(params.r_cap, np.maximum(params.eps_r, lower) * rho)
+    # Stable sort on -U⁺ keeps pool order among ties, so decisions are reproducible.
+    order = np.argsort(-u_plus, kind="stable")
+    p_cum: FloatArray = np.subtract(1.0, np.cumprod(1.0 - r_minus[order]), dtype=np.float64)
+    # p_cum is non-decreasing, so the first index reaching τ is a binary search.
+    first = int(np.searchsorted(p_cum, params.tau, side="left"))
+    if first < p_cum.shape[0]:
+        size = first + 1
+        stop = StopReason.TARGET_REACHED
+    else:
+        size = int(order.shape[0])
+        stop = StopReason.POOL_EXHAUSTED
+    return Allocation(
+        order=order,
+        size=size,
+        p_success=float(p_cum[size - 1]),
+        stop=stop,
+        p_success_cum=p_cum,
+        mu=mu,
+        sigma=sigma,
+        rho=rho,
+        T_s=T,
+        C=C,
+        D=D,
+        u_plus=u_plus,
+        r_minus=r_minus,
+    )
+
+
+def _median(values: FloatArray) -> float:
+    """Median without np.median's overhead (it dominates the 6-candidate decision)."""
+    ordered = np.sort(values)
+    n = ordered.shape[0]
+    mid = n // 2
+    return float(ordered[mid]) if n % 2 else 0.5 * float(ordered[mid - 1] + ordered[mid])
+
+
+def conservative_p_success(r_minus: FloatArray) -> float:
+    """1 − Π(1 − R⁻) over a set, the rule's certificate for that set."""
+    return float(1.0 - np.prod(1.0 - r_minus))

@@ -1,0 +1,354 @@
+"""Experience profiles (spec §5): pure, deterministic updates from member outcomes.
+
+A profile is an immutable value; ``update_*`` returns a new one. Replaying the same
+observations in the same order rebuilds the same profile, which is what lets a
+recomputation from stored traces agree with the online profiles.
+
+Every count decays with a half-life measured in observations of that profile or in
+seconds; ``half_life = inf`` (the default) never forgets, as in the paper. Decay pulls
+the Beta posterior back towards its prior ``Beta(1, 1)``, not towards zero.
+
+Merging (:func:`merge_candidate`, :func:`merge_link`): the online profiles are kept as
+*deltas*, profiles folded from an empty start over one epoch's observations only, on top
+of a snapshot recomputed from the trace store (coordinator.tracestore.recompute). ``merge(fold(P),
+fold(S))`` equals ``fold(P + S)`` when S's observations all come after P's:
+
+- half-life ∞: exactly (sums add; floats up to rounding);
+- half-life in observations: exactly too — the base's counts decay by ``w`` once per
+  observation of the delta, ``w^n`` in all, and the delta's own counts were decayed as
+  they were folded;
+- half-life in seconds: the base decays by ``0.5^(max(0, last(S) − last(P)) / h)``. The
+  fold decays step by step with ``max(0, Δt)`` per step, which is the same product when
+  observation times do not go backwards in fold order; when they do (workers' clocks,
+  a slow report), the merge forgets the base a little less than the fold, by at most the
+  time the order goes backwards. That is the one approximation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.errors import InputError
+from schemas.enums import FailureKind
+
+PRIOR_ALPHA = 1.0
+PRIOR_BETA = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Moments:
+    """Decayed weighted sums: weight, Σx, Σx². Mean and deviation derive from them."""
+
+    n: float = 0.0
+    s1: float = 0.0
+    s2: float = 0.0
+
+    def add(self, x: float, w: float) -> Moments:
+        return Moments(self.n * w + 1.0, self.s1 * w + x, self.s2 * w + x * x)
+
+    def scaled(self, w: float) -> Moments:
+        return Moments(self.n * w, self.s1 * w, self.s2 * w)
+
+    def plus(self, x: float, weight: float) -> Moments:
+        """One more value with ``weight``, without decaying what is there."""
+        return Moments(self.n + weight, self.s1 + weight * x, self.s2 + weight * x * x)
+
+    @property
+    def mean(self) -> float | None:
+        return self.s1 / self.n if self.n > 0 else None
+
+    @property
+    def std(self) -> float:
+        if self.n <= 0:
+            return 0.0
+        m = self.s1 / self.n
+        return math.sqrt(max(0.0, self.s2 / self.n - m * m))
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateObservation:
+    """What one executed member tells about its candidate."""
+
+    at_s: float
+    delivered: bool  # False when the transmission was lost before the candidate saw it
+    failure: FailureKind | None = None  # None = success
+    quality: float | None = None  # judged quality in [0, 1] of a successful output
+    proc_latency_s: float | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+    def __post_init__(self) -> None:
+        if self.failure is FailureKind.INTERNAL and not self.delivered:
+            # f_int = internal failures / delivered calls: an internal failure of a call
+            # the service never received would push it above 1.
+            raise InputError("an internal failure needs delivered=True: the service saw the call")
+        if self.quality is not None and not 0.0 <= self.quality <= 1.0:
+            raise InputError(f"quality={self.quality!r}; expected a judged score in [0, 1]")
+        if self.proc_latency_s is not None and not self.proc_latency_s >= 0.0:
+            raise InputError(f"proc_latency_s={self.proc_latency_s!r}; expected >= 0")
+        if self.tokens_in < 0 or self.tokens_out < 0:
+            raise InputError(
+                f"tokens_in={self.tokens_in}, tokens_out={self.tokens_out}; expected >= 0"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class LinkObservation:
+    """One transmission over a link: its size, whether it was lost, and its timing split
+    into the transfer part (bytes / bandwidth) and the path delay (the RTT signal)."""
+
+    at_s: float
+    bytes: float
+    lost: bool
+    t_transfer_s: float | None = None  # bytes / bandwidth, when delivered
+    rtt_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateProfile:
+    candidate_id: str
+    alpha: float = PRIOR_ALPHA
+    beta: float = PRIOR_BETA
+    calls: float = 0.0
+    delivered: float = 0.0
+    successes: float = 0.0
+    internal_failures: float = 0.0
+    network_failures: float = 0.0
+    deadline_failures: float = 0.0
+    quality: Moments = Moments()
+    latency: Moments = Moments()
+    tokens_in: Moments = Moments()
+    tokens_out: Moments = Moments()
+    recent_latency_s: tuple[float, ...] = ()
+    observations: int = 0
+    last_seen_s: float | None = None
+
+    @property
+    def f_int(self) -> float:
+        """Internal failure rate among calls the candidate actually received."""
+        return self.internal_failures / self.delivered if self.delivered > 0 else 0.0
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.calls if self.calls > 0 else 0.0
+
+    @property
+    def mean_quality(self) -> float | None:
+        return self.quality.mean
+
+
+@dataclass(frozen=True, slots=True)
+class LinkProfile:
+    src: str
+    dst: str
+    transmissions: float = 0.0
+    losses: float = 0.0
+    bandwidth: Moments = Moments()  # observed bytes / transfer time, bytes/s
+    rtt: Moments = Moments()
+    observations: int = 0
+    last_seen_s: float | None = None
+
+    @property
+    def loss_rate(self) -> float:
+        return self.losses / self.transmissions if self.transmissions > 0 else 0.0
+
+
+def decay_weight(settings: ProfileSettings, last_seen_s: float | None, now_s: float) -> float:
+    """Factor applied to existing counts before one new observation is added."""
+    if math.isinf(settings.half_life) or last_seen_s is None:
+        return 1.0
+    if settings.decay_unit is DecayUnit.OBSERVATIONS:
+        return float(0.5 ** (1.0 / settings.half_life))
+    elapsed = max(0.0, now_s - last_seen_s)
+    return float(0.5 ** (elapsed / settings.half_life))
+
+
+def update_candidate(
+    profile: CandidateProfile, obs: CandidateObservation, settings: ProfileSettings
+) -> CandidateProfile:
+    """Fold one member outcome into its candidate's profile (spec §2 choices hold:
+    failures do not touch the Beta posterior; they count towards f_int or ℓ_net)."""
+    w = decay_weight(settings, profile.last_seen_s, obs.at_s)
+    alpha = PRIOR_ALPHA + (profile.alpha - PRIOR_ALPHA) * w
+    beta = PRIOR_BETA + (profile.beta - PRIOR_BETA) * w
+    quality = profile.quality.scaled(w)
+    if obs.failure is None and obs.quality is not None:
+        alpha += obs.quality
+        beta += 1.0 - obs.quality
+        quality = profile.quality.add(obs.quality, w)
+    latency = profile.latency.scaled(w)
+    recent = profile.recent_latency_s
+    if obs.proc_latency_s is not None and obs.failure is None:
+        latency = profile.latency.add(obs.proc_latency_s, w)
+        recent = (*recent, obs.proc_latency_s)[-settings.latency_window :]
+    tokens_out = profile.tokens_out.scaled(w)
+    if obs.failure is None:
+        tokens_out = profile.tokens_out.add(float(obs.tokens_out), w)
+    return replace(
+        profile,
+        alpha=alpha,
+        beta=beta,
+        calls=profile.calls * w + 1.0,
+        delivered=profile.delivered * w + (1.0 if obs.delivered else 0.0),
+        successes=profile.successes * w + (1.0 if obs.failure is None else 0.0),
+        internal_failures=profile.internal_failures * w
+        + (1.0 if obs.failure is FailureKind.INTERNAL else 0.0),
+        network_failures=profile.network_failures * w
+        + (1.0 if obs.failure is FailureKind.NETWORK else 0.0),
+        deadline_failures=profile.deadline_failures * w
+        + (1.0 if obs.failure is FailureKind.DEADLINE else 0.0),
+        quality=quality,
+        latency=latency,
+        tokens_in=profile.tokens_in.add(float(obs.tokens_in), w),
+        tokens_out=tokens_out,
+        recent_latency_s=recent,
+        observations=profile.observations + 1,
+        last_seen_s=obs.at_s,
+    )
+
+
+def apply_quality(
+    profile: CandidateProfile, q: float, settings: ProfileSettings, at_s: float
+) -> CandidateProfile:
+    """Fold a late judgement (the judge queue) into the Beta posterior: ``α += q``,
+    ``β += 1 − q`` (spec §2) and the quality moments, nothing else. The call itself was
+    counted when its member reported (``update_candidate`` without a quality), so calls,
+    failures, latency and ``last_seen_s`` stay as they are and no decay step is taken.
+
+    The judgement belongs to the call that finished at ``at_s``: with a half-life in
+    seconds it weighs what that call's observation weighs now, ``0.5^((last_seen − at_s)
+    / half_life)`` (1 when ``at_s`` is not older than the profile); with a half-life in
+    observations it weighs 1 (how many observations followed is not tracked)."""
+    if not 0.0 <= q <= 1.0:
+        raise InputError(f"quality={q!r}; expected a judged score in [0, 1]")
+    w = 1.0
+    last = profile.last_seen_s
+    if settings.decay_unit is DecayUnit.SECONDS and last is not None and at_s < last:
+        w = decay_weight(settings, at_s, last)
+    return replace(
+        profile,
+        alpha=profile.alpha + w * q,
+        beta=profile.beta + w * (1.0 - q),
+        quality=profile.quality.plus(q, w),
+    )
+
+
+def update_link(
+    profile: LinkProfile, obs: LinkObservation, settings: ProfileSettings
+) -> LinkProfile:
+    """Fold one transmission into a link profile. Lost transmissions count towards the
+    loss rate only; delivered ones also give a bandwidth observation bytes / transfer time.
+
+    The path delay is kept apart (``rtt``) on purpose: bytes / (transfer + path delay)
+    depends on the message size, so messages of different sizes would read as bandwidth
+    jitter and the κ-penalty of Eq. 7 would swamp every other term."""
+    w = decay_weight(settings, profile.last_seen_s, obs.at_s)
+    bandwidth = profile.bandwidth.scaled(w)
+    if not obs.lost and obs.t_transfer_s is not None and obs.t_transfer_s > 0:
+        bandwidth = profile.bandwidth.add(obs.bytes / obs.t_transfer_s, w)
+    rtt = profile.rtt.scaled(w)
+    if obs.rtt_s is not None and not obs.lost:
+        rtt = profile.rtt.add(obs.rtt_s, w)
+    return replace(
+        profile,
+        transmissions=profile.transmissions * w + 1.0,
+        losses=profile.losses * w + (1.0 if obs.lost else 0.0),
+        bandwidth=bandwidth,
+        rtt=rtt,
+        observations=profile.observations + 1,
+        last_seen_s=obs.at_s,
+    )
+
+
+def update_link_many(
+    profile: LinkProfile, observations: Sequence[LinkObservation], settings: ProfileSettings
+) -> LinkProfile:
+    """Fold several transmissions (a call's request and response legs) in order."""
+    for obs in observations:
+        profile = update_link(profile, obs, settings)
+    return profile
+
+
+def latency_percentile(profile: CandidateProfile, q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]) over the recent latency window."""
+    if not profile.recent_latency_s:
+        return None
+    ordered = sorted(profile.recent_latency_s)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _join(a: Moments, b: Moments) -> Moments:
+    return Moments(a.n + b.n, a.s1 + b.s1, a.s2 + b.s2)
+
+
+def _merge_weight(
+    settings: ProfileSettings,
+    base_last_s: float | None,
+    delta: int | float,
+    delta_last_s: float | None,
+) -> float:
+    """How much the base's counts decay while the delta's observations were folded."""
+    if math.isinf(settings.half_life) or base_last_s is None:
+        return 1.0
+    if settings.decay_unit is DecayUnit.OBSERVATIONS:
+        return float(0.5 ** (float(delta) / settings.half_life))
+    elapsed = 0.0 if delta_last_s is None else max(0.0, delta_last_s - base_last_s)
+    return float(0.5 ** (elapsed / settings.half_life))
+
+
+def merge_candidate(
+    base: CandidateProfile | None, delta: CandidateProfile | None, settings: ProfileSettings
+) -> CandidateProfile | None:
+    """``base`` followed by ``delta`` (a profile folded from empty over later observations):
+    counts and moments add after decaying the base across the delta, Beta evidence adds
+    above the prior, the recent-latency windows concatenate (base first) and are trimmed.
+    A delta may hold late judgements only (:func:`apply_quality`, no observation): they
+    add to the Beta evidence and the quality moments, nothing decays."""
+    if delta is None:
+        return base
+    if base is None:
+        return delta
+    w = _merge_weight(settings, base.last_seen_s, delta.observations, delta.last_seen_s)
+    recent = (*base.recent_latency_s, *delta.recent_latency_s)[-settings.latency_window :]
+    return replace(
+        base,
+        alpha=PRIOR_ALPHA + (base.alpha - PRIOR_ALPHA) * w + (delta.alpha - PRIOR_ALPHA),
+        beta=PRIOR_BETA + (base.beta - PRIOR_BETA) * w + (delta.beta - PRIOR_BETA),
+        calls=base.calls * w + delta.calls,
+        delivered=base.delivered * w + delta.delivered,
+        successes=base.successes * w + delta.successes,
+        internal_failures=base.internal_failures * w + delta.internal_failures,
+        network_failures=base.network_failures * w + delta.network_failures,
+        deadline_failures=base.deadline_failures * w + delta.deadline_failures,
+        quality=_join(base.quality.scaled(w), delta.quality),
+        latency=_join(base.latency.scaled(w), delta.latency),
+        tokens_in=_join(base.tokens_in.scaled(w), delta.tokens_in),
+        tokens_out=_join(base.tokens_out.scaled(w), delta.tokens_out),
+        recent_latency_s=recent,
+        observations=base.observations + delta.observations,
+        last_seen_s=base.last_seen_s if delta.last_seen_s is None else delta.last_seen_s,
+    )
+
+
+def merge_link(
+    base: LinkProfile | None, delta: LinkProfile | None, settings: ProfileSettings
+) -> LinkProfile | None:
+    """:func:`merge_candidate` for link profiles."""
+    if delta is None or delta.observations == 0:
+        return base
+    if base is None:
+        return delta
+    w = _merge_weight(settings, base.last_seen_s, delta.observations, delta.last_seen_s)
+    return replace(
+        base,
+        transmissions=base.transmissions * w + delta.transmissions,
+        losses=base.losses * w + delta.losses,
+        bandwidth=_join(base.bandwidth.scaled(w), delta.bandwidth),
+        rtt=_join(base.rtt.scaled(w), delta.rtt),
+        observations=base.observations + delta.observations,
+        last_seen_s=delta.last_seen_s,
+    )

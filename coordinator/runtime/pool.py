@@ -1,0 +1,149 @@
+"""Load the pool config, and resolve per-call settings against per-role defaults."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from coordinator.config import HacoSettings
+from coordinator.core.params import PolicyParams
+from coordinator.errors import (
+    ConfigError,
+    UnknownRoleError,
+    UnknownZoneError,
+    describe_validation_error,
+)
+from schemas.enums import LaunchMode, WinnerMode
+from schemas.models import Candidate, RoleInvocation
+from schemas.pool import PoolConfig, SimSection
+from schemas.scenario import Scenario
+from sim.scenario import BUILTIN, load_builtin, load_scenario
+
+
+def check_zone(zone: str, zones: frozenset[str]) -> str:
+    """A misspelled zone would create a queue nobody consumes: refused at every door."""
+    if zone not in zones:
+        raise UnknownZoneError(f"unknown zone {zone!r}; the pool's zones are {sorted(zones)}")
+    return zone
+
+
+def load_pool(path: Path) -> PoolConfig:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"pool config {str(path)!r} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read pool config {str(path)!r}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    sim = raw.get("sim")
+    if isinstance(sim, dict) and isinstance(sim.get("scenario"), str):
+        scen = sim["scenario"]
+        if scen not in BUILTIN and not Path(scen).is_absolute():
+            sim["scenario"] = str((path.parent / scen).resolve())
+    try:
+        return with_sim_candidates(PoolConfig.model_validate(raw))
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, str(path))) from exc
+
+
+def sim_scenario(sim: SimSection) -> Scenario:
+    if sim.scenario in BUILTIN:
+        return load_builtin(sim.scenario)
+    return load_scenario(sim.scenario)
+
+
+def with_sim_candidates(pool: PoolConfig) -> PoolConfig:
+    """A pool with [sim] and no candidates takes the scenario's whole pool."""
+    if pool.sim is None or pool.candidates:
+        _check_sim_ids(pool)
+        return pool
+    scen = sim_scenario(pool.sim)
+    unknown = sorted({c.zone for c in scen.candidates} - set(pool.zones))
+    if unknown:
+        raise ConfigError(f"scenario {scen.name!r} uses zones {unknown} missing from zones")
+    return pool.model_copy(update={"candidates": list(scen.candidates)})
+
+
+def _check_sim_ids(pool: PoolConfig) -> None:
+    if pool.sim is None:
+        return
+    ids = {c.id for c in sim_scenario(pool.sim).candidates}
+    for c in pool.candidates:
+        ref = str(c.backend.settings.get("candidate", c.id))
+        if c.backend.kind == "sim" and ref not in ids:
+            raise ConfigError(f"sim candidate {c.id!r} refers to {ref!r}, not in the scenario")
+
+
+def default_pool() -> PoolConfig:
+    """The paper's simulated pool: three zones, 4 roles × 6 candidates, caller in local."""
+    scen = load_builtin("overall")
+    return with_sim_candidates(
+        PoolConfig(
+            caller_zone=scen.caller_zone, zones=scen.zones, sim=SimSection(scenario="overall")
+        )
+    )
+
+
+def pool_from_settings(settings: HacoSettings) -> PoolConfig:
+    return load_pool(settings.pool_file) if settings.pool_file else default_pool()
+
+
+@dataclass(frozen=True, slots=True)
+class CallSettings:
+    """An invocation's effective settings after per-call > per-role > pool > runtime."""
+
+    params: PolicyParams
+    launch_mode: LaunchMode
+    winner_mode: WinnerMode
+    deadline_s: float
+
+
+class Pool:
+    """Indexed view of a pool config for the coordinator."""
+
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self.zones = frozenset(config.zones)
+        self.by_role: dict[str, list[Candidate]] = {}
+        for c in config.candidates:
+            self.by_role.setdefault(c.role, []).append(c)
+
+    def candidates(self, role: str) -> list[Candidate]:
+        try:
+            return self.by_role[role]
+        except KeyError:
+            raise UnknownRoleError(
+                f"unknown role {role!r}; the pool serves {sorted(self.by_role)}"
+            ) from None
+
+    def check_zone(self, zone: str) -> str:
+        return check_zone(zone, self.zones)
+
+    def call_settings(
+        self, inv: RoleInvocation, settings: HacoSettings, base: PolicyParams
+    ) -> CallSettings:
+        role = self.config.roles.get(inv.role)
+        pool = self.config.defaults
+
+        def pick(field: str) -> object:
+            for source in (inv, role, pool):
+                value = getattr(source, field, None) if source is not None else None
+                if value is not None:
+                    return value
+            return None
+
+        tau = pick("tau")
+        params = base.model_copy(update={"tau": tau}) if isinstance(tau, float) else base
+        launch = pick("launch_mode")
+        winner = pick("winner_mode")
+        deadline = pick("deadline_s")
+        return CallSettings(
+            params=params,
+            launch_mode=launch if isinstance(launch, LaunchMode) else settings.launch_mode,
+            winner_mode=winner if isinstance(winner, WinnerMode) else settings.winner_mode,
+            deadline_s=deadline if isinstance(deadline, float) else settings.default_deadline_s,
+        )

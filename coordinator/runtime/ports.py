@@ -1,0 +1,100 @@
+"""The ports the runtime depends on: shared state, the hedge budget, the hedge-delay
+window and the dispatcher. Each has a Redis (or Celery) implementation and an in-memory
+twin in :mod:`coordinator.state` and :mod:`coordinator.runtime.dispatch`; they satisfy
+these protocols structurally, so the state package never imports the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from coordinator.core.params import ProfileSettings
+from coordinator.core.profiles import (
+    CandidateObservation,
+    CandidateProfile,
+    LinkObservation,
+    LinkProfile,
+)
+from coordinator.state.budget import BudgetSnapshot
+from coordinator.state.store import OutcomeLimits
+from schemas.models import MemberTask
+
+
+class RuntimeStore(Protocol):
+    def open_group(self, group_id: str, ttl_s: float) -> None: ...
+    def group_state(self, group_id: str) -> str | None: ...
+    def set_group_state(self, group_id: str, state: str, ttl_s: float) -> None: ...
+    def push_reply(self, group_id: str, report: str, ttl_s: float) -> None: ...
+    def pop_reply(self, group_id: str, timeout_s: float) -> str | None: ...
+    def claim_winner(self, group_id: str, member_id: str, ttl_s: float) -> bool: ...
+    def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str: ...
+    def load_profiles(
+        self, candidate_ids: Sequence[str], link_ids: Sequence[str]
+    ) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]: ...
+    def update_candidate(
+        self, candidate_id: str, obs: CandidateObservation, settings: ProfileSettings, ttl_s: float
+    ) -> None: ...
+    def update_link(
+        self,
+        link_id: str,
+        src: str,
+        dst: str,
+        obs: Sequence[LinkObservation],
+        settings: ProfileSettings,
+        ttl_s: float,
+    ) -> None: ...
+    def append_trace(self, report: str, maxlen: int, ttl_s: float) -> None: ...
+    def record_outcome(
+        self,
+        candidate_id: str,
+        cand_obs: CandidateObservation | None,
+        link_id: str,
+        src: str,
+        dst: str,
+        link_obs: Sequence[LinkObservation],
+        report: str,
+        settings: ProfileSettings,
+        limits: OutcomeLimits,
+    ) -> None: ...
+    def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None: ...
+    def metrics(self) -> dict[str, int]: ...
+    def close_group(
+        self,
+        group_id: str,
+        state: str,
+        winner_member: str | None,
+        counts: Mapping[str, int],
+        ttl_s: float,
+        metrics_ttl_s: float,
+    ) -> bool: ...
+
+
+class HedgeBudget(Protocol):
+    def earn(self, n_requests: int = 1) -> None:
+        """Credit ``n_requests`` admitted invocations: ``budget_ratio`` tokens each."""
+        ...
+
+    def try_spend(self, backups: int, llm_tokens: float) -> bool:
+        """Pay for ``backups`` backups costing ``llm_tokens`` in total, or nothing."""
+        ...
+
+    def snapshot(self) -> BudgetSnapshot:
+        """Current balances (LLM bucket refilled to now) and counters."""
+        ...
+
+
+class DelayWindow(Protocol):
+    def record(self, role: str, latency_s: float) -> None:
+        """Add one completed attempt's latency (seconds) to the role's window."""
+        ...
+
+    def delay_s(self, role: str) -> float:
+        """The role's current hedge delay in seconds."""
+        ...
+
+
+class Dispatcher(Protocol):
+    """Puts a member task on its zone's queue (Celery), or runs it in-process."""
+
+    def send(self, zone: str, task: MemberTask) -> None: ...

@@ -1,0 +1,48 @@
+"""JSON encoding of experience profiles, for Redis values and snapshots."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from typing import Any
+
+from coordinator.core.profiles import CandidateProfile, LinkProfile, Moments
+
+_CAND_MOMENTS = ("quality", "latency", "tokens_in", "tokens_out")
+_LINK_MOMENTS = ("bandwidth", "rtt")
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply as text: clients here do not decode responses (bytes in, bytes out)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Moments):
+        return {"n": value.n, "s1": value.s1, "s2": value.s2}
+    return value
+
+
+def encode(profile: CandidateProfile | LinkProfile) -> str:
+    # A direct field dump: dataclasses.asdict deep-copies every value and costs about
+    # 4x more, on the worker's path after every member.
+    data = {f.name: _plain(getattr(profile, f.name)) for f in fields(profile)}
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _moments(raw: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    out = dict(raw)
+    for name in names:
+        if name in out:
+            out[name] = Moments(**out[name])
+    return out
+
+
+def decode_candidate(text: str | bytes) -> CandidateProfile:
+    raw = _moments(json.loads(text), _CAND_MOMENTS)
+    raw["recent_latency_s"] = tuple(raw.get("recent_latency_s", ()))
+    return CandidateProfile(**raw)
+
+
+def decode_link(text: str | bytes) -> LinkProfile:
+    return LinkProfile(**_moments(json.loads(text), _LINK_MOMENTS))

@@ -1,0 +1,148 @@
+"""Every Redis key HACO writes, in one place, each with the TTL it is written with.
+
+All keys live under the ``haco:`` prefix in the application database; Celery's broker
+uses a separate database (:data:`BROKER_DB`) because kombu's queue and binding keys are
+its own and never expire. Every key below is written with an expiry, so a run leaves
+nothing behind that lives forever.
+"""
+
+from __future__ import annotations
+
+PREFIX = "haco"
+APP_DB = 0
+BROKER_DB = 1  # kombu's lists and sets: not ours, not expiring, kept apart
+
+
+def group_state(group_id: str) -> str:
+    """String: "open" while members may run, "resolved" once a winner or all-failed is
+    known, "cancelled" when remaining members must stop. Missing = the group is gone
+    (expired or never existed): a member that finds no state must not run.
+    TTL: settings.group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:state"
+
+
+def group_replies(group_id: str) -> str:
+    """List: members LPUSH their outcome; the coordinator BRPOPs. TTL: group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:replies"
+
+
+def group_winner(group_id: str) -> str:
+    """String, SET NX: the member id that won, so exactly one winner is ever declared.
+    TTL: group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:winner"
+
+
+def idempotency(key: str) -> str:
+    """String, SET NX: the member that committed the side effect. TTL: idempotency_ttl_s."""
+    return f"{PREFIX}:idem:{key}"
+
+
+def candidate_profile(candidate_id: str) -> str:
+    """String (JSON): the online candidate profile of the layout before epochs. No longer
+    written: profiles are a snapshot plus per-epoch deltas (below). TTL: profile_ttl_s."""
+    return f"{PREFIX}:prof:cand:{candidate_id}"
+
+
+def link_profile(link_id: str) -> str:
+    """String (JSON): the online link profile before epochs; no longer written."""
+    return f"{PREFIX}:prof:link:{link_id}"
+
+
+# Profiles (coordinator.tracestore.recompute): effective profile = the snapshot's profile
+# merged with the deltas of every epoch after the snapshot's
+# (coordinator.core.profiles.merge_candidate).
+# TTLs: all profile_ttl_s. The epoch key and the snapshot are refreshed by every
+# recompute (in the same MULTI), the deltas on every write. A delta is never written
+# after the recompute that outdates it, so the epoch key (never refreshed by a plain
+# write: that would break every concurrent writer's WATCH) outlives profiles only when
+# recomputes run; without recomputes for profile_ttl_s, everything expires.
+
+PROFILE_EPOCH = f"{PREFIX}:prof:epoch"
+"""String (integer): the current profile epoch, missing = 0. Only a recompute changes it
+(INCR, with the trace stream's last id as the watermark between the epochs); writers WATCH
+it, so an observation and its trace entry always land in the same epoch.
+TTL: profile_ttl_s, refreshed by every recompute."""
+
+DELTA_PREFIX = f"{PREFIX}:prof:d"
+
+
+def delta_candidate(epoch: int, candidate_id: str) -> str:
+    """String (JSON CandidateProfile): the candidate's observations of one epoch only, folded
+    from an empty profile (prior Beta(1, 1)). Deleted by the recompute whose snapshot
+    covers the epoch. TTL: profile_ttl_s, refreshed on write."""
+    return f"{DELTA_PREFIX}:{epoch}:cand:{candidate_id}"
+
+
+def delta_link(epoch: int, link_id: str) -> str:
+    """String (JSON LinkProfile): a link's observations of one epoch only. As
+    :func:`delta_candidate`. TTL: profile_ttl_s, refreshed on write."""
+    return f"{DELTA_PREFIX}:{epoch}:link:{link_id}"
+
+
+PROFILE_SNAPSHOT = f"{PREFIX}:prof:snapshot"
+"""Hash: the adopted snapshot. Fields ``version`` (profile_snapshots.version), ``epoch``
+(it covers every delta of epochs <= this), ``watermark`` (the last trace-stream id it
+covers), ``meta`` (JSON: created_at, half_life, window_s, counts), ``c:<candidate id>`` and
+``l:<link id>`` (JSON profiles). Replaced as a whole in one MULTI, so readers see the old
+snapshot or the new one, never a mix. TTL: profile_ttl_s, refreshed by every recompute."""
+
+PROFILE_SEAL = f"{PREFIX}:prof:seal"
+"""Hash: an epoch a recompute closed but has not published a snapshot for yet (fields
+``epoch``, ``watermark``, ``sealed_ms``): the next recompute finishes it instead of opening
+another epoch, so a harvester outage cannot pile up epochs. Deleted when the snapshot is
+published. TTL: profile_ttl_s."""
+
+
+def hedge_delay_window(role: str) -> str:
+    """List of recent completion latencies (seconds) of a role, newest first, trimmed to
+    settings.hedge_delay_window. TTL: profile_ttl_s, refreshed on write."""
+    return f"{PREFIX}:delay:{role}"
+
+
+BUDGET = f"{PREFIX}:budget"
+"""Hash: the fleet-wide hedge budget's two token buckets (see coordinator.state.budget): fields
+``req`` (request-tokens), ``llm`` (LLM tokens), ``ts`` (last LLM refill, epoch seconds),
+``exhausted`` and ``spent`` (counters). Missing = both buckets full.
+TTL: budget_ttl_s, refreshed on every write (earn and every spend attempt)."""
+
+TRACES = f"{PREFIX}:traces"
+"""Stream: one entry per executed member, harvested into Postgres. Capped at
+trace_stream_maxlen; TTL trace_stream_ttl_s, refreshed on every append.
+Read by the consumer group settings.harvest_group (coordinator.tracestore.harvester), which deletes
+each entry once its batch is committed: the length is the backlog not yet in Postgres."""
+
+TRACES_DEAD = f"{PREFIX}:traces:dead"
+"""Stream: trace entries the harvester could not store (not JSON, not a valid
+MemberReport, or a row Postgres rejects), fields ``id`` (the original entry id),
+``report`` (the raw entry) and ``error``. Capped at harvest_dead_letter_maxlen;
+TTL harvest_dead_letter_ttl_s, refreshed on every write."""
+
+METRICS = f"{PREFIX}:metrics"
+"""Hash of counters for operators (hedge rate, backup wins, budget exhaustion …), and the
+harvester's ``harvest_*`` counters and lag gauges (see coordinator.tracestore.harvester).
+TTL: profile_ttl_s, refreshed on write."""
+
+SIM_FAULTS = f"{PREFIX}:sim:faults"
+"""Hash zone -> forced link loss for simulated backends (outage drills, the demo).
+TTL: group_ttl_s, refreshed when set; cleared by the drill that set it."""
+
+
+def sim_effects(key: str) -> str:
+    """Counter of side effects a simulated backend committed for an idempotency key (the
+    observable effect in tests). TTL: idempotency_ttl_s."""
+    return f"{PREFIX}:sim:effects:{key}"
+
+
+# Celery task and queue names. They live here, beside the keys, because the runtime
+# sends by name and must never import the workers that define the tasks.
+MEMBER_TASK = "haco.member"
+JUDGE_TASK = JUDGE_QUEUE = "haco.judge"
+RECOMPUTE_TASK = "haco.recompute"
+RETENTION_TASK = "haco.retention"
+MAINTENANCE_QUEUE = "haco.maintenance"
+ZONE_QUEUE_PREFIX = "haco.zone."
+
+
+def queue_for(zone: str) -> str:
+    """The Celery queue a zone's workers consume: ``haco.zone.<zone>``."""
+    return f"{ZONE_QUEUE_PREFIX}{zone}"

@@ -1,0 +1,159 @@
+"""The in-memory runtime store: the same semantics as :class:`coordinator.state.store.
+RedisStore` in one process, for single-process runs and as the second backend every
+store test runs through."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Mapping, Sequence
+
+from coordinator.core.params import ProfileSettings
+from coordinator.core.profiles import (
+    CandidateObservation,
+    CandidateProfile,
+    LinkObservation,
+    LinkProfile,
+    apply_quality,
+    update_candidate,
+    update_link_many,
+)
+from coordinator.state.store import OPEN, OutcomeLimits
+
+
+class MemoryStore:
+    """In-process backend with the same semantics, for single-process runs and tests.
+    TTLs are recorded, not enforced: nothing outlives the process anyway."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self.states: dict[str, str] = {}
+        self.replies: dict[str, deque[str]] = defaultdict(deque)
+        self.winners: dict[str, str] = {}
+        self.idem: dict[str, str] = {}
+        self.candidates: dict[str, CandidateProfile] = {}
+        self.links: dict[str, LinkProfile] = {}
+        self.traces: list[str] = []
+        self.counters: dict[str, int] = {}
+
+    def open_group(self, group_id: str, ttl_s: float) -> None:
+        with self._lock:
+            self.states[group_id] = OPEN
+
+    def group_state(self, group_id: str) -> str | None:
+        with self._lock:
+            return self.states.get(group_id)
+
+    def set_group_state(self, group_id: str, state: str, ttl_s: float) -> None:
+        with self._lock:
+            self.states[group_id] = state
+
+    def push_reply(self, group_id: str, report: str, ttl_s: float) -> None:
+        with self._lock:
+            self.replies[group_id].appendleft(report)
+            self._lock.notify_all()
+
+    def pop_reply(self, group_id: str, timeout_s: float) -> str | None:
+        end = time.monotonic() + max(0.0, timeout_s)
+        with self._lock:
+            while not self.replies[group_id]:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                self._lock.wait(left)
+            return self.replies[group_id].pop()
+
+    def claim_winner(self, group_id: str, member_id: str, ttl_s: float) -> bool:
+        with self._lock:
+            if group_id in self.winners:
+                return False  # SET NX semantics: even the holder's second claim fails
+            self.winners[group_id] = member_id
+            return True
+
+    def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str:
+        with self._lock:
+            return self.idem.setdefault(key, member_id)
+
+    def load_profiles(
+        self, candidate_ids: Sequence[str], link_ids: Sequence[str]
+    ) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]:
+        with self._lock:
+            cands = {c: self.candidates[c] for c in candidate_ids if c in self.candidates}
+            links = {lk: self.links[lk] for lk in link_ids if lk in self.links}
+            return cands, links
+
+    def update_candidate(
+        self, candidate_id: str, obs: CandidateObservation, settings: ProfileSettings, ttl_s: float
+    ) -> None:
+        with self._lock:
+            prof = self.candidates.get(candidate_id) or CandidateProfile(candidate_id)
+            self.candidates[candidate_id] = update_candidate(prof, obs, settings)
+
+    def apply_quality(
+        self, candidate_id: str, q: float, settings: ProfileSettings, ttl_s: float, at_s: float
+    ) -> None:
+        with self._lock:
+            prof = self.candidates.get(candidate_id) or CandidateProfile(candidate_id)
+            self.candidates[candidate_id] = apply_quality(prof, q, settings, at_s)
+
+    def update_link(
+        self,
+        link_id: str,
+        src: str,
+        dst: str,
+        obs: Sequence[LinkObservation],
+        settings: ProfileSettings,
+        ttl_s: float,
+    ) -> None:
+        with self._lock:
+            prof = self.links.get(link_id) or LinkProfile(src, dst)
+            self.links[link_id] = update_link_many(prof, obs, settings)
+
+    def append_trace(self, report: str, maxlen: int, ttl_s: float) -> None:
+        with self._lock:
+            self.traces.append(report)
+            del self.traces[:-maxlen]
+
+    def record_outcome(
+        self,
+        candidate_id: str,
+        cand_obs: CandidateObservation | None,
+        link_id: str,
+        src: str,
+        dst: str,
+        link_obs: Sequence[LinkObservation],
+        report: str,
+        settings: ProfileSettings,
+        limits: OutcomeLimits,
+    ) -> None:
+        with self._lock:  # one lock: the same all-or-nothing as Redis' MULTI
+            if cand_obs is not None:
+                self.update_candidate(candidate_id, cand_obs, settings, limits.profile_ttl_s)
+            if link_obs:
+                self.update_link(link_id, src, dst, link_obs, settings, limits.profile_ttl_s)
+            self.append_trace(report, limits.trace_maxlen, limits.trace_ttl_s)
+
+    def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                self.counters[name] = self.counters.get(name, 0) + n
+
+    def metrics(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counters)
+
+    def close_group(
+        self,
+        group_id: str,
+        state: str,
+        winner_member: str | None,
+        counts: Mapping[str, int],
+        ttl_s: float,
+        metrics_ttl_s: float,
+    ) -> bool:
+        self.set_group_state(group_id, state, ttl_s)
+        self.incr_metrics(counts, metrics_ttl_s)
+        if winner_member is None:
+            return True
+        return self.claim_winner(group_id, winner_member, ttl_s)

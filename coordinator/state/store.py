@@ -1,0 +1,276 @@
+"""Shared runtime state of hedge groups: one interface, a Redis and an in-memory backend.
+
+Every state change that two processes can race on is atomic: the winner claim and the
+idempotency claim are ``SET NX``; a group's state moves with one ``SET``; a profile
+update is an optimistic ``WATCH``/``MULTI`` transaction that re-reads and re-applies the
+pure update of :mod:`coordinator.core.profiles` if another writer got there first. Every key
+is written with its TTL (see :mod:`coordinator.state.keys`).
+
+Profiles in Redis are a recomputed snapshot plus per-epoch deltas (:mod:`coordinator.
+epochs`): every profile write folds into the current epoch's delta, and a worker's outcome
+(:meth:`RedisStore.record_outcome`) writes its deltas and its trace entry in one
+transaction; :meth:`RedisStore.load_profiles` returns the merged, effective profiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import redis
+
+from coordinator.core.params import ProfileSettings
+from coordinator.core.profiles import (
+    CandidateObservation,
+    CandidateProfile,
+    LinkObservation,
+    LinkProfile,
+    apply_quality,
+    update_candidate,
+    update_link_many,
+)
+from coordinator.errors import StoreError
+from coordinator.state import keys
+from coordinator.state.codec import text
+from coordinator.state.epochs import DeltaWrite, ProfileView, read_view, write_delta
+
+OPEN = "open"
+RESOLVED = "resolved"
+CANCELLED = "cancelled"
+_MS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeLimits:
+    """TTLs and the stream cap a recorded outcome is written with (HacoSettings')."""
+
+    profile_ttl_s: float
+    trace_maxlen: int
+    trace_ttl_s: float
+
+
+P = TypeVar("P")
+
+
+def _fold_candidate(
+    prof: CandidateProfile, obs: CandidateObservation, settings: ProfileSettings
+) -> CandidateProfile:
+    return update_candidate(prof, obs, settings)
+
+
+def _fold_link(
+    prof: LinkProfile, obs: Sequence[LinkObservation], settings: ProfileSettings
+) -> LinkProfile:
+    return update_link_many(prof, obs, settings)
+
+
+class RedisStore:
+    """The production backend. ``client`` must not decode responses (bytes in, bytes out).
+    ``profile_settings`` is how deltas merge onto the snapshot (the workers' decay)."""
+
+    def __init__(
+        self, client: redis.Redis, profile_settings: ProfileSettings | None = None
+    ) -> None:
+        self.r = client
+        self.profile_settings = profile_settings or ProfileSettings()
+        # Threads of one worker that fold into the same delta key would make each other's
+        # WATCH fail and retry; queueing them on a per-key lock in the process costs less.
+        self._key_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+
+    def _key_lock(self, write: DeltaWrite) -> threading.Lock:
+        name = write.candidate[0] if write.candidate else write.link[0] if write.link else ""
+        with self._locks_guard:
+            return self._key_locks[name]
+
+    def _guard(self, what: str, fn: Callable[[], P]) -> P:
+        try:
+            return fn()
+        except redis.RedisError as exc:
+            raise StoreError(f"redis failed to {what}: {exc}") from exc
+
+    def open_group(self, group_id: str, ttl_s: float) -> None:
+        px = int(ttl_s * _MS)
+        self._guard("open a group", lambda: self.r.set(keys.group_state(group_id), OPEN, px=px))
+
+    def group_state(self, group_id: str) -> str | None:
+        raw = self._guard("read a group state", lambda: self.r.get(keys.group_state(group_id)))
+        return raw.decode() if isinstance(raw, bytes) else None
+
+    def set_group_state(self, group_id: str, state: str, ttl_s: float) -> None:
+        px = int(ttl_s * _MS)
+        self._guard(
+            "set a group state", lambda: self.r.set(keys.group_state(group_id), state, px=px)
+        )
+
+    def push_reply(self, group_id: str, report: str, ttl_s: float) -> None:
+        key = keys.group_replies(group_id)
+
+        def push() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.lpush(key, report)
+            pipe.pexpire(key, int(ttl_s * _MS))
+            pipe.execute()
+
+        self._guard("push a reply", push)
+
+    def pop_reply(self, group_id: str, timeout_s: float) -> str | None:
+        key = keys.group_replies(group_id)
+        if timeout_s <= 0:
+            raw = self._guard("pop a reply", lambda: self.r.rpop(key))
+            return raw.decode() if isinstance(raw, bytes) else None
+        got = self._guard("wait for a reply", lambda: self.r.brpop([key], timeout=timeout_s))
+        if not got:
+            return None
+        value = got[1]
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def claim_winner(self, group_id: str, member_id: str, ttl_s: float) -> bool:
+        key = keys.group_winner(group_id)
+        px = int(ttl_s * _MS)
+        return bool(
+            self._guard("claim a winner", lambda: self.r.set(key, member_id, nx=True, px=px))
+        )
+
+    def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str:
+        k = keys.idempotency(key)
+        px = int(ttl_s * _MS)
+
+        def claim() -> str:
+            if self.r.set(k, member_id, nx=True, px=px):
+                return member_id
+            holder = self.r.get(k)
+            return holder.decode() if isinstance(holder, bytes) else member_id
+
+        return self._guard("claim an idempotency key", claim)
+
+    def load_view(self, candidate_ids: Sequence[str], link_ids: Sequence[str]) -> ProfileView:
+        """Effective profiles (snapshot + later deltas, one atomic read) and their version."""
+        return self._guard(
+            "load profiles",
+            lambda: read_view(self.r, candidate_ids, link_ids, self.profile_settings),
+        )
+
+    def load_profiles(
+        self, candidate_ids: Sequence[str], link_ids: Sequence[str]
+    ) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]:
+        if not candidate_ids and not link_ids:
+            return {}, {}
+        view = self.load_view(candidate_ids, link_ids)
+        return view.candidates, view.links
+
+    def _write(self, what: str, write: DeltaWrite, ttl_s: float) -> None:
+        with self._key_lock(write):
+            self._guard(what, lambda: write_delta(self.r, write, ttl_s))
+
+    def update_candidate(
+        self, candidate_id: str, obs: CandidateObservation, settings: ProfileSettings, ttl_s: float
+    ) -> None:
+        fold = functools.partial(_fold_candidate, obs=obs, settings=settings)
+        self._write("update a profile", DeltaWrite(candidate=(candidate_id, fold)), ttl_s)
+
+    def apply_quality(
+        self, candidate_id: str, q: float, settings: ProfileSettings, ttl_s: float, at_s: float
+    ) -> None:
+        """A late judgement into the candidate's Beta (profiles.apply_quality), no call
+        counted; WATCH/MULTI like :meth:`update_candidate`."""
+
+        def judge(prof: CandidateProfile) -> CandidateProfile:
+            return apply_quality(prof, q, settings, at_s)
+
+        self._write("update a profile", DeltaWrite(candidate=(candidate_id, judge)), ttl_s)
+
+    def update_link(
+        self,
+        link_id: str,
+        src: str,
+        dst: str,
+        obs: Sequence[LinkObservation],
+        settings: ProfileSettings,
+        ttl_s: float,
+    ) -> None:
+        fold = functools.partial(_fold_link, obs=obs, settings=settings)
+        self._write("update a profile", DeltaWrite(link=(link_id, src, dst, fold)), ttl_s)
+
+    def record_outcome(
+        self,
+        candidate_id: str,
+        cand_obs: CandidateObservation | None,
+        link_id: str,
+        src: str,
+        dst: str,
+        link_obs: Sequence[LinkObservation],
+        report: str,
+        settings: ProfileSettings,
+        limits: OutcomeLimits,
+    ) -> None:
+        """One member's outcome in one transaction: fold the observations into the current
+        epoch's deltas and append the trace, so the trace's stream id and the epoch it was
+        counted in agree (see coordinator.state.epochs). ``cand_obs=None``: trace only."""
+        cand = link = None
+        if cand_obs is not None:
+            cand = (
+                candidate_id,
+                functools.partial(_fold_candidate, obs=cand_obs, settings=settings),
+            )
+        if link_obs:
+            link = (
+                link_id,
+                src,
+                dst,
+                functools.partial(_fold_link, obs=link_obs, settings=settings),
+            )
+        write = DeltaWrite(cand, link, report, limits.trace_maxlen, limits.trace_ttl_s)
+        self._write("record an outcome", write, limits.profile_ttl_s)
+
+    def append_trace(self, report: str, maxlen: int, ttl_s: float) -> None:
+        def append() -> None:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.xadd(keys.TRACES, {"report": report}, maxlen=maxlen, approximate=True)
+            pipe.pexpire(keys.TRACES, int(ttl_s * _MS))
+            pipe.execute()
+
+        self._guard("append a trace", append)
+
+    def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None:
+        def incr() -> None:
+            pipe = self.r.pipeline(transaction=False)
+            for name, n in counts.items():
+                pipe.hincrby(keys.METRICS, name, n)
+            pipe.pexpire(keys.METRICS, int(ttl_s * _MS))
+            pipe.execute()
+
+        self._guard("count metrics", incr)
+
+    def close_group(
+        self,
+        group_id: str,
+        state: str,
+        winner_member: str | None,
+        counts: Mapping[str, int],
+        ttl_s: float,
+        metrics_ttl_s: float,
+    ) -> bool:
+        """State, winner claim and counters in one round trip; True if the claim held."""
+        px = int(ttl_s * _MS)
+
+        def close() -> bool:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.set(keys.group_state(group_id), state, px=px)
+            if winner_member is not None:
+                pipe.set(keys.group_winner(group_id), winner_member, nx=True, px=px)
+            for name, n in counts.items():
+                pipe.hincrby(keys.METRICS, name, n)
+            pipe.pexpire(keys.METRICS, int(metrics_ttl_s * _MS))
+            out = pipe.execute()
+            return winner_member is None or bool(out[1])
+
+        return self._guard("close a group", close)
+
+    def metrics(self) -> dict[str, int]:
+        raw = self._guard("read metrics", lambda: self.r.hgetall(keys.METRICS))
+        return {text(k): int(v) for k, v in raw.items()}

@@ -1,0 +1,315 @@
+"""The recompute's aggregation: experience profiles from the trace store, in SQL.
+
+:func:`aggregate` builds, for the members up to a stream-id watermark that finished in a
+window, the candidate and link profiles that folding their observations in stream order
+(:func:`coordinator.core.profiles.update_candidate` / ``update_link``) gives — the reading of
+a row is :func:`observation_from_trace` / :func:`link_observation_from_trace`.
+
+- Without decay (the default) one parallel scan groups by (candidate, caller zone, zone)
+  with plain counts and sums; Python adds the groups up per candidate and per link.
+- With a half-life every row gets the weight it has in the fold's final profile, from
+  window functions in stream order (a sort: slower, see bench/recompute.py): by
+  observations ``0.5^(later observations / h)``, by seconds ``0.5^(Σ later max(0, Δt) /
+  h)``, the product of the fold's per-step factors.
+- The recent-latency window and ``last_seen_s`` come from the newest rows of each
+  candidate by finish time (an index scan of ``members_candidate_finished``), ordered by
+  stream id: exactly the fold's unless a trace reached the stream more than
+  ``SLACK`` traces of its candidate after it finished.
+- Link profiles are read from the members' link columns — the very values the harvester
+  copies into ``link_observations``, one row per member (leg 0) — so the watermark
+  applies without joining the two tables (a 1M × 1M join alone takes ~2 s).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.profiles import (
+    PRIOR_ALPHA,
+    PRIOR_BETA,
+    CandidateObservation,
+    CandidateProfile,
+    LinkObservation,
+    LinkProfile,
+    Moments,
+)
+from schemas.enums import FailureKind
+from schemas.models import MemberTrace
+
+IDEMPOTENCY_TAKEN = "idempotency key % already taken by %"  # SQL LIKE, see workers.member
+SLACK = 64  # newest rows by finish time scanned beyond the latency window
+Conn = psycopg.Connection[Any]
+
+# Members that are observations, up to the watermark, in the window.
+_FILTER = """finished_at >= %(since)s
+    AND (failure_kind IS DISTINCT FROM 'cancelled' OR failure_reason LIKE %(taken)s)
+    AND (split_part(stream_id, '-', 1)::bigint, split_part(stream_id, '-', 2)::bigint)
+        <= (%(w_ms)s, %(w_seq)s)"""
+
+_ROWS = f"""
+SELECT candidate_id AS pid, caller_zone AS src, zone AS dst, ok, failure_kind,
+    split_part(stream_id, '-', 1)::bigint AS ms, split_part(stream_id, '-', 2)::bigint AS seq,
+    date_part('epoch', finished_at) AS at,
+    (failure_kind IS DISTINCT FROM 'network' OR rtt_s IS NOT NULL) AS delivered,
+    CASE WHEN ok AND (judged_at IS NULL OR judged_at <= %(sealed_at)s) THEN quality END AS q,
+    CASE WHEN ok THEN proc_latency_s END AS lat,
+    tokens_in::float8 AS tin, CASE WHEN ok THEN tokens_out::float8 END AS tout,
+    (bytes_sent > 0 OR lost OR rtt_s IS NOT NULL) AS has_link, lost,
+    CASE WHEN NOT lost AND bandwidth_bps > 0 AND bytes_sent > 0
+        THEN bytes_sent / (bytes_sent / bandwidth_bps) END AS bw,
+    CASE WHEN NOT lost THEN rtt_s END AS rtt
+FROM (SELECT *, (failure_kind IS NULL OR failure_reason LIKE %(taken)s) AS ok
+      FROM members WHERE {_FILTER}) m
+"""
+
+
+def _agg(expr: str | None, cond: str | None, weighted: bool) -> str:
+    """Σw (or count) of rows where ``cond``, or of non-null ``expr`` with Σw·x, Σw·x²."""
+    if expr is None:
+        where = f" FILTER (WHERE {cond})" if cond else ""
+        return f"sum(w){where}" if weighted else f"count(*){where}"
+    f = f"FILTER (WHERE {expr} IS NOT NULL)"
+    if weighted:
+        return f"sum(w) {f}, sum(w * {expr}) {f}, sum(w * {expr} * {expr}) {f}"
+    return f"count({expr}), sum({expr}), sum({expr} * {expr})"
+
+
+def _cand_cols(weighted: bool) -> str:
+    failed = [f"NOT ok AND failure_kind = '{k}'" for k in ("internal", "network", "deadline")]
+    counts = [_agg(None, c or None, weighted) for c in ["", "delivered", "ok", *failed]]
+    return ", ".join(counts + [_agg(x, None, weighted) for x in ("q", "lat", "tin", "tout")])
+
+
+def _link_cols(weighted: bool) -> str:
+    counts = [_agg(None, "has_link", weighted), _agg(None, "has_link AND lost", weighted)]
+    moments = [_agg(f"CASE WHEN has_link THEN {x} END", None, weighted) for x in ("bw", "rtt")]
+    return ", ".join(counts + moments)
+
+
+N_CAND = 18  # aggregate columns of a candidate (then a link's 8)
+
+
+def _weighted(part: str, settings: ProfileSettings) -> str:
+    """The rows with the weight ``w`` each has in the fold's final profile of ``part``."""
+    h = settings.half_life
+    asc, desc = (
+        f"PARTITION BY {part} ORDER BY ms, seq",
+        f"PARTITION BY {part} ORDER BY ms DESC, seq DESC",
+    )
+    if settings.decay_unit is DecayUnit.OBSERVATIONS:
+        later = f"(row_number() OVER ({desc}) - 1)::float8"
+        return f"SELECT *, power(0.5::float8, {later} / {h!r}) AS w FROM rows"
+    step = f"coalesce(greatest(0.0, at - lag(at) OVER ({asc})), 0.0)"
+    later = (
+        f"coalesce(sum(step) OVER ({desc} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0.0)"
+    )
+    return (
+        f"SELECT *, power(0.5::float8, {later} / {h!r}) AS w "
+        f"FROM (SELECT *, {step} AS step FROM rows) s"
+    )
+
+
+def _queries(settings: ProfileSettings) -> list[tuple[str, bytes]]:
+    """(kind, SQL) pairs; rows: pid, src, dst, aggregates, then the unweighted counts
+    (a profile's ``observations`` does not decay)."""
+    if math.isinf(settings.half_life):
+        cols = f"{_cand_cols(False)}, {_link_cols(False)}"
+        cols += ", count(*), count(*) FILTER (WHERE has_link)"
+        both = f"SELECT pid, src, dst, {cols} FROM ({_ROWS}) r GROUP BY pid, src, dst"
+        return [("both", both.encode())]
+    cand = f"WITH rows AS ({_ROWS}), weighted AS ({_weighted('pid', settings)}) "
+    cand += f"SELECT pid, NULL, NULL, {_cand_cols(True)}, count(*) FROM weighted GROUP BY pid"
+    link = f"WITH rows AS ({_ROWS} WHERE (bytes_sent > 0 OR lost OR rtt_s IS NOT NULL)), "
+    link += f"weighted AS ({_weighted('src, dst', settings)}) "
+    link += f"SELECT NULL, src, dst, {_link_cols(True)}, count(*) FROM weighted GROUP BY src, dst"
+    return [("cand", cand.encode()), ("link", link.encode())]
+
+
+# Per candidate, its newest rows by finish time (index scan): the latency window, and the
+# rows (with their link) among which the last in stream order is found.
+_NEWEST = f"""
+SELECT c.pid, lat.lats, last.src, last.dst, last.has_link, last.ms, last.seq, last.at
+FROM unnest(%(pids)s::text[]) AS c(pid)
+CROSS JOIN LATERAL (
+    SELECT array_agg(lat ORDER BY ms, seq) AS lats FROM (
+        SELECT * FROM (
+            SELECT proc_latency_s AS lat, split_part(stream_id, '-', 1)::bigint AS ms,
+                split_part(stream_id, '-', 2)::bigint AS seq
+            FROM members
+            WHERE candidate_id = c.pid AND {_FILTER} AND proc_latency_s IS NOT NULL
+                AND (failure_kind IS NULL OR failure_reason LIKE %(taken)s)
+            ORDER BY finished_at DESC LIMIT %(scan)s
+        ) newest ORDER BY ms DESC, seq DESC LIMIT %(latency_window)s
+    ) kept
+) lat
+CROSS JOIN LATERAL (
+    SELECT caller_zone AS src, zone AS dst,
+        (bytes_sent > 0 OR lost OR rtt_s IS NOT NULL) AS has_link,
+        split_part(stream_id, '-', 1)::bigint AS ms, split_part(stream_id, '-', 2)::bigint AS seq,
+        date_part('epoch', finished_at) AS at
+    FROM members WHERE candidate_id = c.pid AND {_FILTER}
+    ORDER BY finished_at DESC LIMIT {SLACK}
+) last
+"""
+
+
+def _m(values: Sequence[Any]) -> Moments:
+    n, s1, s2 = (float(v or 0.0) for v in values)
+    return Moments(n, s1, s2)
+
+
+def _add(acc: list[float] | None, values: Sequence[Any]) -> list[float]:
+    vals = [float(v or 0.0) for v in values]
+    return vals if acc is None else [a + v for a, v in zip(acc, vals, strict=True)]
+
+
+def _candidate(
+    pid: str, v: list[float], n: int, recent: tuple[float, ...], last: float | None
+) -> CandidateProfile:
+    q = _m(v[6:9])
+    return CandidateProfile(
+        candidate_id=pid, alpha=PRIOR_ALPHA + q.s1, beta=PRIOR_BETA + (q.n - q.s1),
+        calls=v[0], delivered=v[1], successes=v[2], internal_failures=v[3],
+        network_failures=v[4], deadline_failures=v[5], quality=q, latency=_m(v[9:12]),
+        tokens_in=_m(v[12:15]), tokens_out=_m(v[15:18]), recent_latency_s=recent,
+        observations=n, last_seen_s=last,
+    )  # fmt: skip
+
+
+def _link(src: str, dst: str, v: list[float], n: int, last: float | None) -> LinkProfile:
+    return LinkProfile(
+        src=src, dst=dst, transmissions=v[0], losses=v[1], bandwidth=_m(v[2:5]),
+        rtt=_m(v[5:8]), observations=n, last_seen_s=last,
+    )  # fmt: skip
+
+
+class _Sums:
+    """Aggregates of the query rows added up per candidate and per link."""
+
+    def __init__(self) -> None:
+        self.cand: dict[str, list[float]] = {}
+        self.cand_n: dict[str, int] = defaultdict(int)
+        self.link: dict[tuple[str, str], list[float]] = {}
+        self.link_n: dict[tuple[str, str], int] = defaultdict(int)
+
+    def add(self, kind: str, row: tuple[Any, ...]) -> None:
+        pid, src, dst, values = row[0], row[1], row[2], row[3:]
+        if kind == "both":
+            cand, link, n_cand, n_link = (values[:N_CAND], values[N_CAND:-2], values[-2],
+                                          values[-1])  # fmt: skip
+        elif kind == "cand":
+            cand, link, n_cand, n_link = values[:-1], (), values[-1], 0
+        else:
+            cand, link, n_cand, n_link = (), values[:-1], 0, values[-1]
+        if n_cand:
+            self.cand[pid] = _add(self.cand.get(pid), cand)
+            self.cand_n[pid] += int(n_cand)
+        if n_link:
+            self.link[(src, dst)] = _add(self.link.get((src, dst)), link)
+            self.link_n[(src, dst)] += int(n_link)
+
+
+def _last(rows: list[tuple[Any, ...]], key: Any) -> dict[Any, float]:
+    best: dict[Any, tuple[int, int, float]] = {}
+    for row in rows:
+        k = key(row)
+        if k is None:
+            continue
+        cur = (int(row[5]), int(row[6]), float(row[7]))
+        if k not in best or cur[:2] > best[k][:2]:
+            best[k] = cur
+    return {k: v[2] for k, v in best.items()}
+
+
+def split_id(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def aggregate(
+    conn: Conn, watermark: str, since: datetime, sealed_at: datetime, settings: ProfileSettings
+) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]:
+    """Candidate and link profiles of the members up to ``watermark`` that finished since
+    ``since``, on one snapshot of the database (REPEATABLE READ). Judgements made after
+    ``sealed_at`` are left to the online deltas. ``conn`` must be in autocommit mode."""
+    w_ms, w_seq = split_id(watermark)
+    params: dict[str, Any] = {
+        "since": since, "sealed_at": sealed_at, "w_ms": w_ms, "w_seq": w_seq,
+        "taken": IDEMPOTENCY_TAKEN, "latency_window": settings.latency_window,
+        "scan": settings.latency_window + SLACK,
+    }  # fmt: skip
+    sums = _Sums()
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        conn.execute("SET LOCAL jit = off")  # compiling costs more than it saves here
+        conn.execute("SET LOCAL work_mem = '256MB'")
+        for kind, query in _queries(settings):
+            for row in conn.execute(query, params).fetchall():
+                sums.add(kind, row)
+        params["pids"] = sorted(sums.cand)
+        newest = conn.execute(_NEWEST.encode(), params).fetchall() if sums.cand else []
+    return _profiles(sums, newest)
+
+
+def _profiles(
+    sums: _Sums, newest: list[tuple[Any, ...]]
+) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]:
+    recent = {row[0]: tuple(float(x) for x in row[1] or ()) for row in newest}
+    last_c = _last(newest, lambda row: row[0])
+    last_l = _last(newest, lambda row: (row[2], row[3]) if row[4] else None)
+    cands = {
+        pid: _candidate(pid, v, sums.cand_n[pid],
+                        recent.get(pid, ()), last_c.get(pid))
+        for pid, v in sums.cand.items()
+    }  # fmt: skip
+    links = {
+        f"{src}->{dst}": _link(src, dst, v, sums.link_n[(src, dst)],
+                               last_l.get((src, dst)))
+        for (src, dst), v in sums.link.items()
+    }  # fmt: skip
+    return cands, links
+
+
+def observation_from_trace(trace: MemberTrace) -> CandidateObservation | None:
+    """The candidate observation the recompute reads from a stored trace (the SQL above
+    in Python; tests fold these to check the SQL). None: not an observation. A member
+    cancelled with its group is none; one whose idempotency key another member held is a
+    success (its call succeeded; only its side effect was not committed); ``delivered``
+    is not traced: a network failure without a measured request path delay counts as
+    undelivered."""
+    failure = trace.failure_kind
+    reason = trace.failure_reason or ""
+    taken = failure is FailureKind.CANCELLED and reason.startswith("idempotency key ")
+    if failure is FailureKind.CANCELLED and not taken:
+        return None
+    ok = failure is None or taken
+    return CandidateObservation(
+        at_s=trace.finished_at_s,
+        delivered=failure is not FailureKind.NETWORK or trace.rtt_s is not None,
+        failure=None if ok else failure,
+        quality=trace.quality if ok else None,
+        proc_latency_s=trace.proc_latency_s if ok else None,
+        tokens_in=trace.tokens_in,
+        tokens_out=trace.tokens_out,
+    )
+
+
+def link_observation_from_trace(trace: MemberTrace) -> LinkObservation | None:
+    """The link row the harvester stores for a trace (coordinator.tracestore.harvester), when the
+    member is an observation at all."""
+    if observation_from_trace(trace) is None:
+        return None
+    if not (trace.bytes_sent > 0 or trace.lost or trace.rtt_s is not None):
+        return None
+    bw = trace.bandwidth_Bps
+    transfer = trace.bytes_sent / bw if bw is not None and bw > 0 else None
+    return LinkObservation(
+        trace.finished_at_s, float(trace.bytes_sent), trace.lost, transfer, trace.rtt_s
+    )

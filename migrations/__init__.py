@@ -1,0 +1,1 @@
+"""The trace store's SQL migrations, NNNN_name.sql, shipped as package data."""

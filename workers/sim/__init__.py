@@ -1,1 +1,0 @@
-"""Simulated candidates, network and workflow: the whole system in virtual time."""
