@@ -18,9 +18,6 @@ import typer
 from coordinator.cli.common import clean_errors, err
 from coordinator.config import HacoSettings
 from coordinator.errors import InputError
-from coordinator.services.embedded_pg import resolve_database_url
-from coordinator.tracestore.db import connect, redact
-from coordinator.tracestore.migrate import drop_older_than, ensure_partitions, migrate, plan
 
 db_app = typer.Typer(help="The trace store (Postgres).", no_args_is_help=True)
 
@@ -28,6 +25,9 @@ db_app = typer.Typer(help="The trace store (Postgres).", no_args_is_help=True)
 @contextlib.contextmanager
 def _database(settings: HacoSettings) -> Iterator[str]:
     """The database URL for this command; an embedded server started for it is stopped."""
+    from coordinator.services.embedded_pg import resolve_database_url
+    from coordinator.tracestore.db import redact
+
     url, handle = resolve_database_url(settings)
     try:
         err.print(f"database {redact(url)}{' (embedded)' if not settings.database_url else ''}")
@@ -46,6 +46,9 @@ def migrate_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan only")] = False,
 ) -> None:
     """Apply the pending schema migrations (migrations/*.sql) to the trace store."""
+    from coordinator.tracestore.db import connect
+    from coordinator.tracestore.migrate import migrate, plan
+
     settings = HacoSettings()
     with _database(settings) as url, connect(url) as conn:
         applied = [] if dry_run else migrate(conn)
@@ -78,6 +81,9 @@ def retention_cmd(
 ) -> None:
     """Create the coming days' partitions, then drop the data older than the retention
     (whole daily partitions; rows of the default partitions one by one)."""
+    from coordinator.tracestore.db import connect
+    from coordinator.tracestore.migrate import drop_older_than, ensure_partitions
+
     settings = HacoSettings()
     keep = settings.retention_days if days is None else days
     if keep < 1 or not 0 <= days_ahead <= 366:

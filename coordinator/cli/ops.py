@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -12,19 +12,18 @@ from rich.table import Table
 from coordinator.cli.common import clean_errors, err, show
 from coordinator.config import HacoSettings
 from coordinator.errors import ConfigError, InputError
-from coordinator.runtime.client import HacoClient, service_url
-from coordinator.runtime.coordinator import InvocationResult
-from coordinator.runtime.pool import Pool, pool_from_settings
-from coordinator.services.embedded_pg import trace_store_url
-from coordinator.services.supervisor import start_stack, wait_for_signal
 from coordinator.state.keys import JUDGE_QUEUE, queue_for
-from coordinator.tracestore.db import redact
 from schemas.enums import LaunchMode, WinnerMode
-from workers.app import create_app
+
+if TYPE_CHECKING:
+    from coordinator.runtime.coordinator import InvocationResult
 
 
 def _worker_queue(settings: HacoSettings, zone: str | None, judge: bool) -> tuple[str, str]:
     """The queue a worker consumes and its node name's prefix."""
+    from coordinator.runtime.pool import Pool, pool_from_settings
+    from coordinator.services.embedded_pg import trace_store_url
+
     pool = Pool(pool_from_settings(settings))
     if judge == (zone is not None):
         raise InputError("give either --zone ZONE (a zone's members) or --judge (the judge)")
@@ -47,6 +46,9 @@ def worker_cmd(
     concurrency: Annotated[int | None, typer.Option(help="Threads (default: settings)")] = None,
 ) -> None:
     """Run a Celery worker for one zone, or for the judge (threads pool; LLM calls are I/O)."""
+    from coordinator.runtime.client import service_url
+    from workers.app import create_app
+
     settings = HacoSettings()
     queue, name = _worker_queue(settings, zone, judge)
     if concurrency is not None and concurrency < 1:
@@ -77,6 +79,10 @@ def up_cmd(
 ) -> None:
     """Start the services (embedded when HACO_*_URL is unset) and one worker per zone of
     the pool; Ctrl-C stops everything it started, workers before servers."""
+    from coordinator.runtime.pool import Pool, pool_from_settings
+    from coordinator.services.supervisor import start_stack, wait_for_signal
+    from coordinator.tracestore.db import redact
+
     settings = HacoSettings()
     pool = Pool(pool_from_settings(settings))
     stack = start_stack(settings, sorted(pool.zones), concurrency, with_store=True)
@@ -130,6 +136,8 @@ def invoke_cmd(
     require_hedge: Annotated[bool, typer.Option(help="Reject rather than narrow")] = False,
 ) -> None:
     """Invoke a role through the running services and print the hedge group's outcome."""
+    from coordinator.runtime.client import HacoClient
+
     with HacoClient() as client:
         res = client.invoke(
             role,

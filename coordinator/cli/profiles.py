@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import redis
 import typer
 from rich.table import Table
 
@@ -18,21 +17,22 @@ from coordinator.core.params import PolicyParams, ProfileSettings
 from coordinator.core.policy import allocate
 from coordinator.core.profiles import CandidateProfile, latency_percentile
 from coordinator.errors import StoreError
-from coordinator.runtime.client import service_url
-from coordinator.runtime.pool import Pool, pool_from_settings
-from coordinator.services import embedded_pg
 from coordinator.state import keys
 from coordinator.state.broker import with_db
-from coordinator.state.epochs import ProfileView, snapshot_meta
-from coordinator.state.store import RedisStore
-from coordinator.tracestore.recompute import recompute_once
 from schemas.models import Candidate
-from workers.app import create_app
-from workers.maintenance import beat_argv
+
+if TYPE_CHECKING:
+    import redis
+
+    from coordinator.state.epochs import ProfileView
 
 
 def _redis(settings: HacoSettings) -> redis.Redis:
     """The application database (tests replace this)."""
+    import redis
+
+    from coordinator.runtime.client import service_url
+
     return redis.Redis.from_url(with_db(service_url(settings), keys.APP_DB))
 
 
@@ -100,6 +100,12 @@ def profiles_cmd(
 ) -> None:
     """The effective experience profiles (snapshot + online deltas) of the pool: a table
     on stderr, JSON on stdout."""
+    import redis
+
+    from coordinator.runtime.pool import Pool, pool_from_settings
+    from coordinator.state.epochs import snapshot_meta
+    from coordinator.state.store import RedisStore
+
     settings = HacoSettings()
     pool = Pool(pool_from_settings(settings))
     roles = [role] if role is not None else sorted(pool.by_role)
@@ -128,6 +134,11 @@ def profiles_cmd(
 def recompute_cmd() -> None:
     """Recompute the profiles from the trace store now and publish the snapshot (what the
     beat task haco.recompute does every HACO_RECOMPUTE_INTERVAL_S)."""
+    import redis
+
+    from coordinator.services import embedded_pg
+    from coordinator.tracestore.recompute import recompute_once
+
     settings = HacoSettings()
     client = _redis(settings)
     try:
@@ -151,6 +162,10 @@ def recompute_cmd() -> None:
 def beat_cmd() -> None:
     """Run Celery beat and a worker of the haco.maintenance queue in one process: the
     profile recompute every HACO_RECOMPUTE_INTERVAL_S (needs the trace store)."""
+    from coordinator.runtime.client import service_url
+    from workers.app import create_app
+    from workers.maintenance import beat_argv
+
     settings = HacoSettings()
     create_app(settings, service_url(settings)).worker_main(beat_argv(settings))
 

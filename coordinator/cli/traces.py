@@ -14,25 +14,22 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
-import psycopg
-import redis
 import typer
-from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
 from rich.table import Table
 
 from coordinator.cli.common import clean_errors, err, show
 from coordinator.config import HacoSettings
 from coordinator.errors import DatabaseError, InputError, StoreError
-from coordinator.runtime.client import service_url
-from coordinator.services import embedded_pg
 from coordinator.state import keys
 from coordinator.state.broker import with_db
-from coordinator.tracestore.harvester import Harvester
 from schemas.models import MemberReport
+
+if TYPE_CHECKING:
+    import psycopg
+    import redis
 
 traces_app = typer.Typer(help="The trace store: recent traces and exports.", no_args_is_help=True)
 
@@ -52,6 +49,10 @@ class ExportFormat(StrEnum):
 
 @contextlib.contextmanager
 def _db(what: str) -> Iterator[psycopg.Connection[Any]]:
+    import psycopg
+
+    from coordinator.services import embedded_pg
+
     url = embedded_pg.trace_store_url(HacoSettings())
     try:
         with psycopg.connect(url, connect_timeout=10) as conn:
@@ -61,6 +62,10 @@ def _db(what: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 def _redis(settings: HacoSettings) -> redis.Redis:
+    import redis
+
+    from coordinator.runtime.client import service_url
+
     return redis.Redis.from_url(with_db(service_url(settings), keys.APP_DB))
 
 
@@ -71,6 +76,11 @@ def harvester_cmd(
     ] = None,
 ) -> None:
     """Harvest the trace stream into Postgres until SIGINT or SIGTERM."""
+    from psycopg_pool import ConnectionPool
+
+    from coordinator.services import embedded_pg
+    from coordinator.tracestore.harvester import Harvester
+
     settings = HacoSettings()
     url = embedded_pg.trace_store_url(settings)
     client = _redis(settings)
@@ -99,6 +109,8 @@ def harvester_cmd(
 
 
 def _stream_rows(settings: HacoSettings, n: int) -> list[dict[str, Any]]:
+    import redis
+
     client = _redis(settings)
     try:
         entries: Any = client.xrevrange(keys.TRACES, count=n)
@@ -118,6 +130,8 @@ def _stream_rows(settings: HacoSettings, n: int) -> list[dict[str, Any]]:
 
 
 def _db_rows(n: int) -> list[dict[str, Any]]:
+    from psycopg.rows import dict_row
+
     query = "SELECT * FROM members ORDER BY finished_at DESC LIMIT %s"
     with _db("read recent traces") as conn, conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query, [n]).fetchall()

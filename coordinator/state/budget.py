@@ -52,6 +52,7 @@ import redis
 from coordinator.config import HacoSettings
 from coordinator.errors import InputError, StoreError
 from coordinator.state import keys
+from coordinator.state.lua import lua
 
 Clock = Callable[[], float]
 
@@ -92,58 +93,10 @@ def refill(llm: float, ts: float, now: float, settings: HacoSettings) -> tuple[f
 
 # ---------------------------------------------------------------- Redis
 
-# Shared prelude: load the state (full buckets when missing) and refill the LLM bucket.
-# ARGV: 1 now, 2 budget_burst, 3 budget_tokens_burst, 4 budget_tokens_per_s, 5 ttl_ms.
-_PRELUDE = """
-local function fmt(x) return string.format('%.17g', x) end
-local now = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local tburst = tonumber(ARGV[3])
-local rate = tonumber(ARGV[4])
-local ttl_ms = tonumber(ARGV[5])
-local s = redis.call('HMGET', KEYS[1], 'req', 'llm', 'ts')
-local req = burst
-local llm = tburst
-local ts = now
-if s[1] then req = tonumber(s[1]) end
-if s[2] then llm = tonumber(s[2]) end
-if s[3] then ts = tonumber(s[3]) end
-if now > ts then
-  llm = llm + (now - ts) * rate
-  ts = now
-end
-req = math.min(req, burst)
-llm = math.min(llm, tburst)
-"""
 
-_SAVE = """
-redis.call('HSET', KEYS[1], 'req', fmt(req), 'llm', fmt(llm), 'ts', fmt(ts))
-redis.call('PEXPIRE', KEYS[1], ttl_ms)
-"""
-
-# ARGV 6: request tokens earned.
-_EARN = _PRELUDE + "req = math.min(burst, req + tonumber(ARGV[6]))\n" + _SAVE
-
-# ARGV 6: backups, 7: LLM tokens, 8: epsilon. Returns 1 when paid, 0 when refused.
-_SPEND = (
-    _PRELUDE
-    + """
-local backups = tonumber(ARGV[6])
-local cost = tonumber(ARGV[7])
-local eps = tonumber(ARGV[8])
-local ok = 0
-if req + eps >= backups and llm + eps >= cost then
-  req = math.max(0, req - backups)
-  llm = math.max(0, llm - cost)
-  redis.call('HINCRBY', KEYS[1], 'spent', backups)
-  ok = 1
-else
-  redis.call('HINCRBY', KEYS[1], 'exhausted', 1)
-end
-"""
-    + _SAVE
-    + "return ok\n"
-)
+def _script(body: str, ret: str = "") -> str:
+    """A budget script: the shared prelude, its body, the shared save, a return."""
+    return lua("budget_prelude") + lua(body) + lua("budget_save") + ret
 
 
 class RedisBudget:
@@ -155,8 +108,8 @@ class RedisBudget:
         self._client = client
         self._settings = settings
         self._clock = clock
-        self._earn = client.register_script(_EARN)
-        self._spend = client.register_script(_SPEND)
+        self._earn = client.register_script(_script("budget_earn"))
+        self._spend = client.register_script(_script("budget_spend", "return ok\n"))
 
     def _args(self) -> list[str]:
         s = self._settings

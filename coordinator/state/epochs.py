@@ -38,63 +38,13 @@ from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import CandidateProfile, LinkProfile, merge_candidate, merge_link
 from coordinator.state import keys
 from coordinator.state.codec import decode_candidate, decode_link, encode, text
+from coordinator.state.lua import lua
 
 _MS = 1000
 SEQ_MAX = 2**63 - 1  # stream-id sequence bound that still fits a Postgres bigint
 
 CandidateFn = Callable[[CandidateProfile], CandidateProfile]
 LinkFn = Callable[[LinkProfile], LinkProfile]
-
-# KEYS: snapshot, epoch. ARGV: delta prefix, number of candidate ids, candidate ids,
-# link ids. Returns {version|nil, snapshot epoch (-1: none), current epoch, snapshot
-# fields (c:…, l:…), then per epoch after the snapshot's: that epoch's delta values}.
-_READ_LUA = """
-local snap = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '-1')
-local current = tonumber(redis.call('GET', KEYS[2]) or '0')
-local n = tonumber(ARGV[2])
-local fields = {}
-for i = 3, #ARGV do
-  local kind = (i - 2 <= n) and 'c' or 'l'
-  fields[#fields + 1] = kind .. ':' .. ARGV[i]
-end
-local out = {redis.call('HGET', KEYS[1], 'version'), snap, current}
-if snap >= 0 and #fields > 0 then
-  out[4] = redis.call('HMGET', KEYS[1], unpack(fields))
-else
-  out[4] = {}
-end
-for e = snap + 1, current do
-  local names = {}
-  for i = 3, #ARGV do
-    local kind = (i - 2 <= n) and ':cand:' or ':link:'
-    names[#names + 1] = ARGV[1] .. ':' .. e .. kind .. ARGV[i]
-  end
-  if #names > 0 then out[#out + 1] = redis.call('MGET', unpack(names)) end
-end
-return out
-"""
-
-# KEYS: epoch, seal, trace stream. ARGV: ttl ms, max sequence. Returns {epoch, watermark,
-# sealed_ms, new (1) or resumed (0)}. An unfinished seal is resumed, never re-sealed.
-_SEAL_LUA = """
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local old = redis.call('HMGET', KEYS[2], 'epoch', 'watermark', 'sealed_ms')
-if old[1] then return {tonumber(old[1]), old[2], tonumber(old[3]), 0} end
-local sealed = redis.call('INCR', KEYS[1]) - 1
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-local w = nil
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  local info = redis.call('XINFO', 'STREAM', KEYS[3])
-  for i = 1, #info, 2 do
-    if info[i] == 'last-generated-id' then w = info[i + 1] end
-  end
-end
-if not w then w = string.format('%d-%s', now_ms - 1, ARGV[2]) end
-redis.call('HSET', KEYS[2], 'epoch', sealed, 'watermark', w, 'sealed_ms', now_ms)
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-return {sealed, w, now_ms, 1}
-"""
 
 
 @dataclass(frozen=True)
@@ -191,7 +141,7 @@ def read_view(
     (one script). Ids without any evidence are absent."""
     n = len(candidate_ids)
     args: list[str | int] = [keys.DELTA_PREFIX, n, *candidate_ids, *link_ids]
-    script = r.register_script(_READ_LUA)  # EVALSHA: the script text is sent once
+    script = r.register_script(lua("epochs_read"))  # EVALSHA: the script text is sent once
     got: Any = script(keys=[keys.PROFILE_SNAPSHOT, keys.PROFILE_EPOCH], args=args)
     version, snap_epoch, current, snap_values = got[0], int(got[1]), int(got[2]), got[3]
     cands: list[Any] = [None] * n
@@ -229,7 +179,13 @@ def seal(r: redis.Redis, ttl_s: float) -> Seal:
     the watermark is just below the server's current millisecond: every earlier trace is
     below it, every later one above."""
     got: Any = r.eval(
-        _SEAL_LUA, 3, keys.PROFILE_EPOCH, keys.PROFILE_SEAL, keys.TRACES, int(ttl_s * _MS), SEQ_MAX
+        lua("epochs_seal"),
+        3,
+        keys.PROFILE_EPOCH,
+        keys.PROFILE_SEAL,
+        keys.TRACES,
+        int(ttl_s * _MS),
+        SEQ_MAX,
     )
     return Seal(int(got[0]), text(got[1]), int(got[2]), bool(got[3]))
 
