@@ -8,7 +8,6 @@ the timer's own cost is spread; the figure is the median per-call time over batc
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,6 +16,7 @@ import numpy as np
 
 from coordinator.core.evidence import PoolMember, build_arrays, link_id
 from coordinator.core.params import PolicyParams, ProfileSettings
+from coordinator.core.percentiles import lower, median
 from coordinator.core.policy import CandidateArrays, allocate, validate
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -86,12 +86,7 @@ def _time_per_call(fn: Callable[[], object], batches: int, batch: int) -> list[f
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "median_us": statistics.median(ordered),
-        "p90_us": ordered[int(0.9 * (len(ordered) - 1))],
-        "min_us": ordered[0],
-    }
+    return {"median_us": median(samples), "p90_us": lower(samples, 90), "min_us": min(samples)}
 
 
 def bench_decision(

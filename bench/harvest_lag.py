@@ -18,7 +18,6 @@ import statistics
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,10 @@ from rich.table import Table
 
 from bench.rtbench import _load, wait_ready
 from bench.rtlib import Services, timed_client
+from bench.scratchdb import scratch_database
 from coordinator.config import HacoSettings
 from coordinator.state import keys
 from coordinator.state.codec import text
-from coordinator.tracestore.migrate import migrate
 
 SAMPLE_S = 0.25
 DRAIN_LIMIT_S = 120.0
@@ -58,19 +57,8 @@ def sampler(svc: Services, group: str, stop: threading.Event, out: list[dict[str
         out.append(sample(svc, group))
 
 
-def fresh_database(pg_url: str) -> str:
-    name = f"haco_lag_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"'.encode())
-    url = pg_url.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        migrate(conn)
-    return url
-
-
-def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def run(args: argparse.Namespace, tmp: Path, db_url: str) -> dict[str, Any]:
     group = HacoSettings().harvest_group
-    db_url = fresh_database(args.pg_url)
     svc = Services(tmp, concurrency=16)
     svc.stack.extra_env["HACO_DATABASE_URL"] = db_url
     try:
@@ -123,8 +111,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/test")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="haco-lag-") as tmp:
-        res = run(args, Path(tmp))
+    with (
+        tempfile.TemporaryDirectory(prefix="haco-lag-") as tmp,
+        scratch_database(args.pg_url, "haco_lag") as db_url,
+    ):
+        res = run(args, Path(tmp), db_url)
     t = Table(title=f"harvest lag under load ({args.clients} clients, {args.seconds:.0f} s)")
     for col in (
         "invocations/s",

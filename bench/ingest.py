@@ -18,7 +18,6 @@ import json
 import multiprocessing as mp
 import os
 import time
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,11 +27,11 @@ from psycopg_pool import ConnectionPool
 from rich.console import Console
 from rich.table import Table
 
+from bench.scratchdb import scratch_database
 from coordinator.config import HacoSettings
 from coordinator.state import keys
 from coordinator.state.codec import text
 from coordinator.tracestore.harvester import Harvester
-from coordinator.tracestore.migrate import migrate
 from schemas.models import MemberReport, MemberTrace
 
 MEMBER_COLUMNS = (
@@ -160,44 +159,37 @@ def main() -> None:
     args = ap.parse_args()
     err = Console(stderr=True)
     settings = HacoSettings()
-    name = f"haco_ingest_{uuid.uuid4().hex[:8]}"
-    admin = psycopg.connect(args.pg_url, autocommit=True)
-    admin.execute(f'CREATE DATABASE "{name}"'.encode())
-    url = args.pg_url.rsplit("/", 1)[0] + f"/{name}"
-    r = redis.Redis.from_url(args.redis_url)
-    r.delete(keys.TRACES, keys.TRACES_DEAD, keys.METRICS)
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            migrate(conn)
-        t0 = time.time() - 3600
-        reports = [synthetic(i, t0) for i in range(args.n)]
-        payloads = [rep.model_dump_json() for rep in reports]
-        rows = [member_row(rep.trace, f"0-{i}") for i, rep in enumerate(reports)]
-        err.print(f"{args.n} synthetic reports, {sum(map(len, payloads)) / args.n:.0f} B each")
-        raw_s = raw_copy(url, rows)
-        push_s = push(r, payloads, settings.trace_stream_maxlen)
-        out: Any = mp.get_context("fork").Queue()
-        procs = [
-            mp.get_context("fork").Process(
-                target=drain, args=(args.redis_url, url, args.batch, f"bench-{k}", out)
-            )
-            for k in range(args.harvesters)
-        ]
-        t = time.perf_counter()
-        for p in procs:
-            p.start()
-        stats = [out.get() for _ in procs]
-        harvest_s = time.perf_counter() - t
-        for p in procs:
-            p.join()
-        stored = count(url, "members")
-        raw = r.hgetall(keys.METRICS)
-        metrics = {text(k): int(v) for k, v in raw.items()}
-    finally:
+    with scratch_database(args.pg_url, "haco_ingest") as url:
+        r = redis.Redis.from_url(args.redis_url)
         r.delete(keys.TRACES, keys.TRACES_DEAD, keys.METRICS)
-        r.close()
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
-        admin.close()
+        try:
+            t0 = time.time() - 3600
+            reports = [synthetic(i, t0) for i in range(args.n)]
+            payloads = [rep.model_dump_json() for rep in reports]
+            rows = [member_row(rep.trace, f"0-{i}") for i, rep in enumerate(reports)]
+            err.print(f"{args.n} synthetic reports, {sum(map(len, payloads)) / args.n:.0f} B each")
+            raw_s = raw_copy(url, rows)
+            push_s = push(r, payloads, settings.trace_stream_maxlen)
+            out: Any = mp.get_context("fork").Queue()
+            procs = [
+                mp.get_context("fork").Process(
+                    target=drain, args=(args.redis_url, url, args.batch, f"bench-{k}", out)
+                )
+                for k in range(args.harvesters)
+            ]
+            t = time.perf_counter()
+            for p in procs:
+                p.start()
+            stats = [out.get() for _ in procs]
+            harvest_s = time.perf_counter() - t
+            for p in procs:
+                p.join()
+            stored = count(url, "members")
+            raw = r.hgetall(keys.METRICS)
+            metrics = {text(k): int(v) for k, v in raw.items()}
+        finally:
+            r.delete(keys.TRACES, keys.TRACES_DEAD, keys.METRICS)
+            r.close()
     result = {
         "n": args.n,
         "batch": args.batch,

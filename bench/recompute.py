@@ -28,7 +28,6 @@ import json
 import multiprocessing as mp
 import statistics
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,11 +37,12 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
+from bench.scratchdb import scratch_database
 from coordinator.config import HacoSettings
 from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.percentiles import lower
 from coordinator.state import epochs
 from coordinator.state.store import RedisStore
-from coordinator.tracestore.migrate import migrate
 from coordinator.tracestore.profilesql import aggregate
 from coordinator.tracestore.recompute import recompute
 
@@ -170,12 +170,11 @@ def adoption(redis_url: str, samples: int, candidates: int) -> dict[str, Any]:
     _, load_p50, n_calls = q.get(timeout=30)
     proc.join(10)
     client.close()
-    lat.sort()
     return {
         "samples": samples,
         "p50_ms": 1000 * statistics.median(lat),
-        "p95_ms": 1000 * lat[int(0.95 * (len(lat) - 1))],
-        "max_ms": 1000 * lat[-1],
+        "p95_ms": 1000 * lower(lat, 95),
+        "max_ms": 1000 * max(lat),
         "publish_p50_ms": 1000 * statistics.median(publish),
         "seen_after_publish_p50_ms": 1000 * statistics.median(visible),
         "load_view_p50_ms": 1000 * load_p50,
@@ -198,27 +197,20 @@ def main() -> None:
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/9")
     args = ap.parse_args()
     err = Console(stderr=True)
-    name = f"haco_bench_recompute_{uuid.uuid4().hex[:8]}"
-    admin = psycopg.connect(args.pg_url, autocommit=True)
-    admin.execute(f'CREATE DATABASE "{name}"'.encode())
-    url = args.pg_url.rsplit("/", 1)[0] + f"/{name}"
-    r = redis.Redis.from_url(args.redis_url)
-    r.flushdb()
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            migrate(conn)
-        err.print(f"loading {args.rows} member rows into {name} …")
-        watermark, copy_s = load(url, args.rows, args.candidates)
-        by_obs = ProfileSettings(half_life=1000.0, decay_unit=DecayUnit.OBSERVATIONS)
-        agg = time_aggregate(url, watermark, ProfileSettings(), args.repeats)
-        agg_decay = time_aggregate(url, watermark, by_obs, args.repeats)
-        whole = time_recompute(url, args.redis_url, args.repeats)
-        adopt = adoption(args.redis_url, args.samples, args.candidates)
-    finally:
+    with scratch_database(args.pg_url, "haco_bench_recompute") as url:
+        r = redis.Redis.from_url(args.redis_url)
         r.flushdb()
-        r.close()
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
-        admin.close()
+        try:
+            err.print(f"loading {args.rows} member rows into {url.rsplit('/', 1)[1]} …")
+            watermark, copy_s = load(url, args.rows, args.candidates)
+            by_obs = ProfileSettings(half_life=1000.0, decay_unit=DecayUnit.OBSERVATIONS)
+            agg = time_aggregate(url, watermark, ProfileSettings(), args.repeats)
+            agg_decay = time_aggregate(url, watermark, by_obs, args.repeats)
+            whole = time_recompute(url, args.redis_url, args.repeats)
+            adopt = adoption(args.redis_url, args.samples, args.candidates)
+        finally:
+            r.flushdb()
+            r.close()
     result = {
         "rows": args.rows,
         "candidates": args.candidates,

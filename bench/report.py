@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from coordinator.core.methods import HACO_METHODS
 from schemas.models import link_key
 from schemas.scenario import Scenario
 
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
     from bench.paper import BenchConfig
 
 SWEEP_METHOD = "haco"  # the method whose τ is swept
-ABLATIONS = ("haco", "haco-wo_env", "haco-wo_ucb", "haco-wo_lcb")
 GLOBAL_ZONE = "global"
 
 
@@ -96,7 +96,7 @@ def derive(
             k: row[k]
             for k in ("all_failed_pct", "tokens_k_per_task", "avg_score", "mean_hedge_size")
         }
-        for m in ABLATIONS
+        for m in HACO_METHODS
         if (row := _find(rows, base.name, m, cfg.tau))
     }
     return figs

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import redis
 
 from bench.bare_celery import create_bare_app, send_echo
@@ -23,11 +22,11 @@ from bench.rtlib import (
     Services,
     count_stream,
     own_latency,
-    pct,
     read_traces,
     summary_ms,
     timed_client,
 )
+from coordinator.core.percentiles import interpolated, median
 from coordinator.runtime.client import HacoClient
 from coordinator.state import keys
 from coordinator.state.broker import with_db
@@ -114,8 +113,8 @@ def haco_latency(svc: Services, role: str, n: int, opts: dict[str, Any]) -> dict
         "group_coordinator": summary_ms(coord),
         "overhead": summary_ms(over_e2e),
         "overhead_coordinator": summary_ms(over_coord),
-        "breakdown_p50_ms": {k: pct(v, 50)[0] * 1e3 for k, v in parts.items()},
-        "breakdown_p99_ms": {k: pct(v, 99)[0] * 1e3 for k, v in parts.items()},
+        "breakdown_p50_ms": {k: interpolated(v, 50)[0] * 1e3 for k, v in parts.items()},
+        "breakdown_p99_ms": {k: interpolated(v, 99)[0] * 1e3 for k, v in parts.items()},
     }
 
 
@@ -228,12 +227,9 @@ def throughput(svc: Services, clients: int, dur_s: float, rounds: int) -> dict[s
         client.close()
         bare.close()
         r.close()
-    med = {k: float(np.median([x["tasks_per_s"] for x in v])) for k, v in runs.items()}
+    med = {k: median([x["tasks_per_s"] for x in v]) for k, v in runs.items()}
     cpu = {
-        k: {
-            p: float(np.median([x["cpu_ms_per_task"][p] for x in v]))
-            for p in v[0]["cpu_ms_per_task"]
-        }
+        k: {p: median([x["cpu_ms_per_task"][p] for x in v]) for p in v[0]["cpu_ms_per_task"]}
         for k, v in runs.items()
     }
     # One Python process runs on one core at a time (GIL): 1 s / its CPU per task bounds
@@ -254,9 +250,7 @@ def throughput(svc: Services, clients: int, dur_s: float, rounds: int) -> dict[s
         "concurrency": svc.concurrency,
         "bare_events": svc.bare_events,
         "median_tasks_per_s": med,
-        "median_groups_per_s": {
-            k: float(np.median([x["calls_per_s"] for x in v])) for k, v in runs.items()
-        },
+        "median_groups_per_s": {k: median([x["calls_per_s"] for x in v]) for k, v in runs.items()},
         "ratio_to_bare": {k: med[k] / med["bare"] for k in med if k != "bare"},
         "cpu_ms_per_task": cpu,
         "ceiling_tasks_per_s": ceiling,
@@ -295,7 +289,7 @@ def loser(svc: Services, n: int) -> dict[str, Any]:
             statuses[m["status"]] = statuses.get(m["status"], 0) + 1
             stops.append(m["finished_at_s"] - declared)
             not_started += m["started_at_s"] >= declared
-    p50, p95, p99 = pct(stops, 50, 95, 99)
+    p50, p95, p99 = interpolated(stops, 50, 95, 99)
     return {
         "n": n,
         "reported": len(stops),

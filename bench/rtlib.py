@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -25,6 +25,7 @@ import numpy as np
 import redis
 
 from coordinator.config import HacoSettings
+from coordinator.core.percentiles import interpolated
 from coordinator.runtime.client import HacoClient
 from coordinator.runtime.dispatch import CeleryDispatcher
 from coordinator.runtime.pool import load_pool
@@ -33,7 +34,7 @@ from coordinator.services.supervisor import Stack
 from coordinator.state import keys
 from coordinator.state.broker import with_db
 from coordinator.state.hedgedelay import RedisDelayWindow
-from coordinator.state.store import RedisStore
+from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, RedisStore
 from schemas.models import MemberTask
 
 BENCH = Path(__file__).resolve().parent
@@ -48,15 +49,9 @@ ECHO_IDLE_S = 30  # the echo peer exits after this long without a message
 # ---------------------------------------------------------------- statistics
 
 
-def pct(values: Sequence[float], *qs: float) -> list[float]:
-    if not values:
-        return [float("nan")] * len(qs)
-    return [float(v) for v in np.percentile(np.asarray(values, dtype=float), qs)]
-
-
 def summary_ms(values_s: Sequence[float]) -> dict[str, float]:
     """p50/p90/p99/mean/max in milliseconds of values in seconds."""
-    p50, p90, p99 = pct(values_s, 50, 90, 99)
+    p50, p90, p99 = interpolated(values_s, 50, 90, 99)
     arr = np.asarray(values_s, dtype=float) if values_s else np.array([np.nan])
     return {
         "n": len(values_s),
@@ -221,18 +216,10 @@ class TimedStore(RedisStore):
             self.marks.woke.setdefault(group_id, time.time())
         return raw
 
-    def close_group(
-        self,
-        group_id: str,
-        state: str,
-        winner_member: str | None,
-        counts: Mapping[str, int],
-        ttl_s: float,
-        metrics_ttl_s: float,
-    ) -> bool:
+    def close_group(self, close: GroupClose, limits: CloseLimits) -> GroupClosed:
         # The moment the coordinator sends the group's final state (the losers' cancel).
-        self.marks.cancelled[group_id] = time.time()
-        return super().close_group(group_id, state, winner_member, counts, ttl_s, metrics_ttl_s)
+        self.marks.cancelled[close.group_id] = time.time()
+        return super().close_group(close, limits)
 
 
 class TimedDispatcher(CeleryDispatcher):
@@ -292,7 +279,10 @@ def read_traces(r: redis.Redis, since_ms: int = 0) -> dict[str, list[dict[str, A
     while True:
         batch = _xrange(r, start, "+", 2000)
         for _, fields in batch:
-            trace = json.loads(fields[b"report"])["trace"]
+            report = fields.get(keys.REPORT_FIELD.encode())
+            if report is None:
+                continue  # a group's verdict, not a member's trace
+            trace = json.loads(report)["trace"]
             out[trace["group_id"]].append(trace)
         if len(batch) < 2000:
             return out

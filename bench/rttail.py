@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
-from bench.rtlib import Services, own_latency, pct, read_traces, summary_ms, timed_client
+from bench.rtlib import Services, own_latency, read_traces, summary_ms, timed_client
+from coordinator.core.percentiles import interpolated
 from coordinator.state import keys
 
 MEDIAN_S, SIGMA = 0.005, math.log(200 / 5) / 2.326
@@ -102,9 +103,9 @@ class Variant:
             "backups": self.backups,
             "settings": self.settings,
             "winner_backend": summary_ms(won),  # the winning member's own latency
-            "delay_ms_p50": pct(delays, 50)[0] * 1e3 if delays else None,
-            "backup_lag_ms_p50": pct(self.lags, 50)[0] * 1e3 if self.lags else None,
-            "backup_lag_ms_p99": pct(self.lags, 99)[0] * 1e3 if self.lags else None,
+            "delay_ms_p50": interpolated(delays, 50)[0] * 1e3 if delays else None,
+            "backup_lag_ms_p50": interpolated(self.lags, 50)[0] * 1e3 if self.lags else None,
+            "backup_lag_ms_p99": interpolated(self.lags, 99)[0] * 1e3 if self.lags else None,
         }
 
 
@@ -118,7 +119,7 @@ def oracle(n: int = 400_000, seed: int = 0) -> dict[str, Any]:
     }
     curve = []
     for p in (50, 70, 75, 80, 85, 90, 95, 98):
-        d = float(np.percentile(x[:, 0], p))
+        d = interpolated(x[:, 0], p)[0]
         fired = x[:, 0] > d
         stag = np.where(fired, np.minimum(x[:, 0], d + x[:, 1]), x[:, 0])
         s = {**summary_ms(list(stag)), "delay_ms": d * 1e3, "extra_load": float(fired.mean())}

@@ -8,8 +8,10 @@
     │   ├── PlanInputError      a `haco plan` request that cannot be planned
     │   ├── ConfigError         a pool config that is not valid
     │   ├── UnknownRoleError    a role that the pool config does not serve
-    │   └── UnknownZoneError    a zone that the pool config does not define
-    ├── PolicyError             the allocation rule was asked something it cannot answer
+    │   ├── UnknownZoneError    a zone that the pool config does not define
+    │   └── ScoreError          a scorer gave no usable score for a member's output
+    ├── PolicyError             a rule of the method (allocation, launch, winner) was asked
+    │                           something it cannot answer
     ├── StoreError              a shared-state backend (Redis) failed
     ├── ServiceError            an embedded service (Redis) cannot be started or stopped
     ├── DatabaseError           the trace store (Postgres, external or embedded) failed
@@ -17,7 +19,9 @@
     └── HedgeError              an invocation ended without a result
         ├── AllFailedError      every member failed; ``failures`` has each one's reason
         ├── DeadlineError       the deadline passed before any member succeeded
-        └── NotIdempotentError  hedging was demanded for a call with side effects
+        ├── NotIdempotentError  hedging was demanded for a call with side effects
+        └── WinnerConflictError the group was closed first by another process, with
+                                another outcome (its winner claim held)
 
 Messages name the bad value and what was expected, so the CLI can print them as they are
 and exit with status 2.
@@ -54,8 +58,15 @@ class UnknownZoneError(InputError):
     """A zone the pool config does not define (never an orphan queue)."""
 
 
+class ScoreError(InputError):
+    """A scorer gave no usable score (an unparseable evaluator answer, a value outside
+    [0, 1], a failed evaluator call). The judge logs and counts the reason and applies
+    nothing."""
+
+
 class PolicyError(HacoError):
-    """The allocation rule was called with arguments it cannot decide on."""
+    """A rule of the method (the allocation rule, the launcher, the winner rule) was called
+    with arguments it cannot decide on, e.g. a hedge group of no members."""
 
 
 class StoreError(HacoError):
@@ -113,6 +124,22 @@ class DeadlineError(HedgeError):
 
 class NotIdempotentError(HedgeError):
     """Hedging was demanded for an invocation not marked idempotent."""
+
+
+class WinnerConflictError(HedgeError):
+    """The group was closed first by another process with another outcome: its winner
+    claim (``holder``, None = it closed without a winner) held, so this coordinator's
+    outcome (``winner``, None = no winner) was neither declared nor recorded."""
+
+    def __init__(self, group_id: str, winner: str | None, holder: str | None) -> None:
+        super().__init__(
+            f"group {group_id} was already closed by another process with winner "
+            f"{holder or 'none'}; this coordinator's outcome (winner {winner or 'none'}) "
+            "was not declared",
+            group_id,
+        )
+        self.winner = winner
+        self.holder = holder
 
 
 def describe_validation_error(exc: Exception, source: str) -> str:

@@ -37,7 +37,8 @@ class MemberStatus(StrEnum):
 
 
 class GroupState(StrEnum):
-    """Lifecycle of a hedge group in the coordinator."""
+    """Lifecycle of a hedge group in the coordinator: its verdict, as ``invocations.state``
+    stores it (a row is ``running`` from its first harvested member until its verdict)."""
 
     PLANNED = "planned"  # members chosen, nothing launched yet
     RUNNING = "running"  # at least one member launched, no verdict yet
@@ -45,9 +46,29 @@ class GroupState(StrEnum):
     ALL_FAILED = "all_failed"  # every member failed
     DEADLINE = "deadline"  # the deadline passed with no success
 
+    @property
+    def final(self) -> bool:
+        """A verdict: the group is decided and closed."""
+        return self not in (GroupState.PLANNED, GroupState.RUNNING)
+
+
+class GroupSignal(StrEnum):
+    """What a group's members read from its state key (``keys.group_state``): whether to
+    start, or go on. Not :class:`GroupState`: the verdict does not say it — a WON group
+    keeps its losers running (RESOLVED) or stops them (CANCELLED, ``cancel_losers``), and
+    a group with no verdict yet is OPEN whether it is planned or running. The coordinator
+    derives the signal from the verdict and the policy when it closes the group."""
+
+    OPEN = "open"  # members may start and run
+    RESOLVED = "resolved"  # a verdict is known; running members finish (for harvesting)
+    CANCELLED = "cancelled"  # members must not start, and stop at their next check
+
 
 class FailureKind(StrEnum):
     INTERNAL = "internal"  # the service itself failed (errors, its own timeouts)
     NETWORK = "network"  # the transmission was lost or timed out on the link
     DEADLINE = "deadline"  # the group deadline passed before the member reported
-    CANCELLED = "cancelled"
+    CANCELLED = "cancelled"  # stopped, or never started: its group was cancelled or gone
+    # The call succeeded, but another member already held the invocation's idempotency
+    # key: its side effect was not committed and its output is not the group's.
+    IDEMPOTENCY_TAKEN = "idempotency_taken"

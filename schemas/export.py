@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from schemas.models import (
     Candidate,
+    GroupVerdict,
     HedgeDecision,
     MemberReport,
     MemberTask,
@@ -33,6 +34,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "pool_config": PoolConfig,
     "member_task": MemberTask,
     "member_report": MemberReport,
+    "group_verdict": GroupVerdict,
 }
 
 JSON_DIR = Path(__file__).resolve().parent / "json"

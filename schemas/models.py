@@ -1,4 +1,5 @@
-"""Pydantic models for the wire format: candidates, links, invocations, decisions, traces."""
+"""Pydantic models for the wire format: candidates, links, invocations, decisions, traces,
+verdicts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from schemas.enums import FailureKind, LaunchMode, MemberStatus, StopReason, WinnerMode
+from schemas.enums import (
+    FailureKind,
+    GroupState,
+    LaunchMode,
+    MemberStatus,
+    StopReason,
+    WinnerMode,
+)
 
 ZoneName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
 Identifier = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
@@ -175,3 +183,58 @@ class MemberReport(_Strict):
 
     trace: MemberTrace
     output: str | None = None
+
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class GroupVerdict(_Strict):
+    """A hedge group's outcome as its coordinator decided it, appended to the trace stream
+    when the group closes and harvested into ``invocations`` (one row per group).
+
+    Member counts are the coordinator's view at the verdict: ``planned`` members chosen,
+    ``launched`` of them started, and every launched one in exactly one of
+    ``succeeded``, ``failed``, ``timed_out``, ``cancelled`` (its report said so, or the
+    close cancelled it) or ``running`` (kept running for harvesting)."""
+
+    group_id: str = Field(min_length=1, max_length=64)
+    role: str = Field(min_length=1)
+    state: GroupState
+    winner_member: str | None = None
+    p_success: Probability  # the conservative success probability of the chosen set
+    stop: StopReason
+    launch_mode: LaunchMode
+    winner_mode: WinnerMode
+    started_at_s: NonNegative  # epoch seconds: the group was planned
+    decided_at_s: NonNegative  # epoch seconds: the verdict
+    latency_s: NonNegative  # what the caller waited
+    planned: Count
+    launched: Count
+    succeeded: Count = 0
+    failed: Count = 0
+    timed_out: Count = 0
+    cancelled: Count = 0
+    running: Count = 0
+    backups: Count = 0  # members launched by the hedge timer (charged to the budget)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GroupVerdict:
+        if not self.state.final:
+            raise ValueError(f"state={self.state.value} is not a verdict")
+        if (self.winner_member is not None) != (self.state is GroupState.WON):
+            raise ValueError(
+                f"winner_member={self.winner_member!r} contradicts state={self.state.value}"
+            )
+        ended = self.succeeded + self.failed + self.timed_out + self.cancelled + self.running
+        if ended != self.launched or self.launched > self.planned:
+            raise ValueError(
+                f"member counts: {ended} by status, launched={self.launched}, "
+                f"planned={self.planned}; expected by status = launched <= planned"
+            )
+        if self.backups > self.launched:
+            raise ValueError(f"backups={self.backups} exceeds launched={self.launched}")
+        if self.decided_at_s < self.started_at_s:
+            raise ValueError(
+                f"decided_at_s={self.decided_at_s} is before started_at_s={self.started_at_s}"
+            )
+        return self

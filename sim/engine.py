@@ -19,17 +19,17 @@ import numpy as np
 
 from coordinator.core.evidence import PoolMember, build_view, link_id
 from coordinator.core.methods import Method, PoolView
+from coordinator.core.observations import observations
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
-    CandidateObservation,
     CandidateProfile,
     LinkProfile,
     update_candidate,
     update_link_many,
 )
 from coordinator.core.winner import Report, resolve
-from schemas.enums import WinnerMode
-from schemas.models import Candidate
+from schemas.enums import MemberStatus, WinnerMode
+from schemas.models import Candidate, MemberTrace
 from sim.candidates import CallDraw, link_observations
 from sim.workflow import Invocation, StepResult
 from sim.world import SimWorld
@@ -101,20 +101,17 @@ class Simulation:
         )
 
     def _harvest(self, cand: Candidate, draw: CallDraw, judged: float | None, at_s: float) -> None:
-        prof = self.candidates.get(cand.id) or CandidateProfile(cand.id)
-        obs = CandidateObservation(
-            at_s=at_s,
-            delivered=not draw.request.lost,
-            failure=draw.failure,
-            quality=judged,
-            proc_latency_s=draw.proc_latency_s,
-            tokens_in=draw.tokens_in,
-            tokens_out=draw.tokens_out,
-        )
-        self.candidates[cand.id] = update_candidate(prof, obs, self.settings)
-        lid = link_id(self.world.caller_zone, cand.zone)
-        link = self.links.get(lid) or LinkProfile(self.world.caller_zone, cand.zone)
-        self.links[lid] = update_link_many(link, link_observations(draw, at_s), self.settings)
+        """What the member's trace tells (coordinator.core.observations, the runtime's
+        reading), with both legs of the call as the caller measured them."""
+        trace = _trace(cand, self.world.caller_zone, draw, judged, at_s)
+        obs, legs = observations(trace, link_observations(draw, at_s))
+        if obs is not None:
+            prof = self.candidates.get(cand.id) or CandidateProfile(cand.id)
+            self.candidates[cand.id] = update_candidate(prof, obs, self.settings)
+        if legs:
+            lid = link_id(self.world.caller_zone, cand.zone)
+            link = self.links.get(lid) or LinkProfile(self.world.caller_zone, cand.zone)
+            self.links[lid] = update_link_many(link, legs, self.settings)
 
     # -- one invocation ---------------------------------------------------------------
     def invoke(self, inv: Invocation) -> StepResult:
@@ -174,6 +171,30 @@ class Simulation:
     def finish(self) -> None:
         """Let every background member complete (their traces still count)."""
         self.events.run_until(math.inf)
+
+
+def _trace(
+    cand: Candidate, caller_zone: str, draw: CallDraw, judged: float | None, at_s: float
+) -> MemberTrace:
+    """The trace a worker would write for a simulated call (workers.backends.simulated
+    maps a draw the same way). Validation is skipped: the draw is consistent by
+    construction, and the simulator makes many."""
+    req = draw.request
+    ok = draw.failure is None
+    delivered = not req.lost
+    return MemberTrace.model_construct(
+        invocation_id="", member_id="", candidate_id=cand.id, role=cand.role,
+        model=cand.model, zone=cand.zone, caller_zone=caller_zone, rank=0, u_plus=0.0,
+        r_minus=0.0, group_id="", started_at_s=max(0.0, at_s - draw.total_s),
+        finished_at_s=at_s, status=MemberStatus.SUCCEEDED if ok else MemberStatus.FAILED,
+        failure_kind=draw.failure, failure_reason=None, success=ok,
+        quality=judged if ok else None, latency_s=draw.total_s,
+        proc_latency_s=draw.proc_latency_s, tokens_in=draw.tokens_in,
+        tokens_out=draw.tokens_out, bytes_sent=int(req.bytes),
+        rtt_s=req.t_path_s if delivered else None,
+        bandwidth_Bps=req.bytes / req.t_tx_s if delivered and req.t_tx_s else None,
+        lost=req.lost or (draw.response is not None and draw.response.lost),
+    )  # fmt: skip
 
 
 def _clip(x: float) -> float:

@@ -8,7 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.core.methods import BASELINES, FirstCandidate, Method, haco_variant
+from coordinator.core.methods import (
+    BASELINES,
+    HACO_METHODS,
+    FirstCandidate,
+    Method,
+    haco_variant,
+)
 from coordinator.core.params import PolicyParams, ProfileSettings
 from coordinator.errors import InputError
 from schemas.models import Candidate
@@ -16,8 +22,6 @@ from schemas.scenario import Scenario
 from sim.engine import InvocationRecord, Simulation
 from sim.workflow import ROLE_OF, TaskOutcome, datawise_task
 from sim.world import SimWorld
-
-HACO_VARIANTS = ("haco", "haco-wo_env", "haco-wo_ucb", "haco-wo_lcb")
 
 
 def check_workflow_roles(scenario: Scenario) -> None:
@@ -32,7 +36,7 @@ def check_workflow_roles(scenario: Scenario) -> None:
 
 def method_names(scenario: Scenario) -> list[str]:
     fixed = [f"fixed-{f.name}" for f in scenario.fixed_zone]
-    return [*BASELINES, *fixed, *HACO_VARIANTS]
+    return [*BASELINES, *fixed, *HACO_METHODS]
 
 
 def build_method(name: str, scenario: Scenario, params: PolicyParams) -> Method:
@@ -40,8 +44,8 @@ def build_method(name: str, scenario: Scenario, params: PolicyParams) -> Method:
         return BASELINES[name]()
     if name.startswith("fixed-") and any(f"fixed-{f.name}" == name for f in scenario.fixed_zone):
         return FirstCandidate(name=name)
-    if name in HACO_VARIANTS:
-        return haco_variant(params, name.removeprefix("haco-") if "-" in name else "haco")
+    if name in HACO_METHODS:
+        return haco_variant(params, name.removeprefix("haco-"))
     raise InputError(
         f"unknown method {name!r}; expected one of {', '.join(method_names(scenario))}"
     )

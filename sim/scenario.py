@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coordinator.errors import ScenarioError, describe_validation_error
+from coordinator.errors import InputError, ScenarioError, describe_validation_error
 from schemas.scenario import Scenario
 
 BUILTIN = ("overall", "candidate_degradation", "network_degradation", "evaluator_degradation")
@@ -57,17 +57,23 @@ def _resolve_traces(raw: dict[str, Any], folder: Path) -> None:
                 latency["file"] = str((folder / file).resolve())
 
 
+def read_toml(path: Path, what: str, error: type[InputError]) -> dict[str, Any]:
+    """The TOML file ``path`` (a ``what``: "scenario file", "pool config") as a dict;
+    ``error`` names the file and says whether it is missing, unreadable or not TOML."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise error(f"{what} {str(path)!r} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {what} {str(path)!r}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: not valid TOML: {exc}") from exc
+
+
 def _read_raw(path: Path, depth: int) -> dict[str, Any]:
     if depth > _MAX_EXTENDS_DEPTH:
         raise ScenarioError(f"{path}: 'extends' chain deeper than {_MAX_EXTENDS_DEPTH} files")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ScenarioError(f"scenario file {str(path)!r} does not exist") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"cannot read scenario file {str(path)!r}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid TOML: {exc}") from exc
+    raw = read_toml(path, "scenario file", ScenarioError)
     _resolve_traces(raw, path.parent)
     parent = raw.pop("extends", None)
     if parent is None:

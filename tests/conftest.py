@@ -1,36 +1,81 @@
-"""Fixtures shared by the trace-store tests."""
+"""Fixtures shared by the suite: the Redis and Postgres servers of this run
+(tests/services.py explains how they are chosen and why)."""
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
+import redis
+from services import RunServices, fresh_database
 
-from coordinator.tracestore.migrate import migrate
+_SERVICES = pytest.StashKey[RunServices]()
 
-# The machine's PostgreSQL (trust auth); each test module gets a database of its own.
-PG_ADMIN_URL = os.environ.get("HACO_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_SERVICES] = RunServices()  # probes and starts nothing until first use
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    services = config.stash.get(_SERVICES, None)
+    if services is not None:
+        services.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    services = terminalreporter.config.stash.get(_SERVICES, None)
+    if services is not None and services.used:
+        terminalreporter.write_sep("-", "services used")
+        for role, where in services.used.items():
+            terminalreporter.write_line(f"{role}: {where}")
+
+
+@pytest.fixture(scope="session")
+def run_services(pytestconfig: pytest.Config) -> RunServices:
+    return pytestconfig.stash[_SERVICES]
+
+
+@pytest.fixture(scope="session")
+def redis_url(run_services: RunServices) -> str:
+    """The URL of a Redis database this run has to itself (flush it with ``redis_db``)."""
+    return run_services.redis_url()
+
+
+@pytest.fixture
+def redis_db(run_services: RunServices, redis_url: str) -> Iterator[redis.Redis]:
+    """A client (bytes in, bytes out) on this run's Redis database, empty at the start
+    and flushed again at the end."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        run_services.flush(client)
+        yield client
+        run_services.flush(client)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def runtime_redis_url(run_services: RunServices) -> str:
+    """A whole Redis server of this run's own, for Celery workers and `haco up` stacks
+    (databases keys.APP_DB and keys.BROKER_DB: empty them with flush_runtime_dbs)."""
+    return run_services.runtime_redis_url()
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(run_services: RunServices) -> str:
+    """A Postgres server to create databases on (the machine's, or the embedded one)."""
+    return run_services.pg_admin_url()
+
+
+@pytest.fixture(scope="session")
+def embedded_pg_url(run_services: RunServices) -> str:
+    """This run's embedded Postgres, whichever server ``pg_admin_url`` chose."""
+    return run_services.embedded_pg_url()
 
 
 @pytest.fixture(scope="module")
-def pg_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh database in the machine's Postgres with the migrations applied, dropped
-    when the module is done."""
+def pg_url(request: pytest.FixtureRequest, pg_admin_url: str) -> Iterator[str]:
+    """A fresh database with the migrations applied, for the module; dropped after it."""
     stem = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
-    name = f"haco_{stem}_{uuid.uuid4().hex[:10]}"
-    try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no Postgres at {PG_ADMIN_URL}: {exc}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"'.encode())
-        url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-        try:
-            with psycopg.connect(url, autocommit=True) as conn:
-                migrate(conn)
-            yield url
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+    with fresh_database(pg_admin_url, stem) as url:
+        yield url

@@ -1,12 +1,12 @@
-"""Hedge budget and hedge delay (spec hedging.md): every test runs against Redis (db 15)
-and the in-memory store; time comes from an injected clock, never from sleeping."""
+"""Hedge budget and hedge delay (spec hedging.md): every test runs against Redis (this
+run's own database, tests/services.py) and the in-memory store; time comes from an
+injected clock, never from sleeping."""
 
 from __future__ import annotations
 
 import math
 import multiprocessing
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,19 +14,16 @@ import pytest
 import redis
 from hypothesis import given
 from hypothesis import strategies as st
+from services import UNREACHABLE_REDIS_URL
 
 from coordinator.config import HacoSettings
+from coordinator.core.percentiles import nearest_rank
 from coordinator.errors import InputError, StoreError
 from coordinator.runtime.ports import DelayWindow, HedgeBudget
 from coordinator.state import keys
 from coordinator.state.budget import BudgetSnapshot, MemoryBudget, RedisBudget
-from coordinator.state.hedgedelay import (
-    MemoryDelayWindow,
-    RedisDelayWindow,
-    nearest_rank,
-)
+from coordinator.state.hedgedelay import MemoryDelayWindow, RedisDelayWindow
 
-REDIS_URL = "redis://127.0.0.1:6379/15"
 T0 = 1_700_000_000.0  # an epoch-sized clock value, as time.time() would give
 
 
@@ -39,14 +36,8 @@ class FakeClock:
 
 
 @pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(REDIS_URL)
-    c.flushdb()
-    try:
-        yield c
-    finally:
-        c.flushdb()
-        c.close()
+def client(redis_db: redis.Redis) -> redis.Redis:
+    return redis_db
 
 
 @dataclass
@@ -313,7 +304,7 @@ def test_every_redis_key_has_a_ttl(client: redis.Redis) -> None:
 
 
 def test_redis_errors_become_store_errors() -> None:
-    dead = redis.Redis.from_url("redis://127.0.0.1:1/15", socket_connect_timeout=0.5)
+    dead = redis.Redis.from_url(UNREACHABLE_REDIS_URL, socket_connect_timeout=0.5)
     try:
         settings = HacoSettings()
         budget = RedisBudget(dead, settings, clock=FakeClock())
@@ -345,9 +336,9 @@ def test_corrupt_redis_data_becomes_store_error(client: redis.Redis) -> None:
 # ---------------------------------------------------------------- across processes
 
 
-def _spend_in_process(now: float, attempts: int, start: Any, results: Any) -> None:
+def _spend_in_process(url: str, now: float, attempts: int, start: Any, results: Any) -> None:
     """Runs in a spawned process: its own client and RedisBudget, the shared clock value."""
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(url)
     try:
         settings = HacoSettings(budget_burst=30, budget_ratio=0.0, budget_tokens_per_s=0.0)
         budget = RedisBudget(client, settings, clock=lambda: now)
@@ -357,11 +348,12 @@ def _spend_in_process(now: float, attempts: int, start: Any, results: Any) -> No
         client.close()
 
 
-def test_budget_is_atomic_across_processes(client: redis.Redis) -> None:
+def test_budget_is_atomic_across_processes(client: redis.Redis, redis_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(2)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_spend_in_process, args=(T0, 50, start, results)) for _ in range(2)]
+    args = (redis_url, T0, 50, start, results)
+    procs = [ctx.Process(target=_spend_in_process, args=args) for _ in range(2)]
     try:
         for p in procs:
             p.start()

@@ -161,8 +161,7 @@ def test_plan_missing_file_exits_2(tmp_path: Path) -> None:
 
 def test_installed_command_reports_cleanly() -> None:
     haco = Path(sys.executable).with_name("haco")
-    if not haco.exists():
-        pytest.skip("the haco entry point is not installed beside this interpreter")
+    assert haco.exists(), f"no haco entry point beside {sys.executable}: pip install -e ."
     bad = subprocess.run(
         [str(haco), "plan", "-"],
         input='{"tau": 1.2, "candidates": [{"id": "a"}]}',

@@ -1,8 +1,10 @@
 """The distributed runtime end to end: real Redis, real Celery worker processes, no mocks.
 
-Every test runs twice, against the machine's Redis (DB 0 for HACO's keys and DB 1 for
-Celery's broker, flushed at start) and against an embedded valkey-server started by
-``start_stack`` as ``haco up`` does. Workers start once per server (one per zone; the
+Every test runs twice: against a Redis given by URL, as HACO_REDIS_URL gives one (the
+run's own server, tests/services.py: DB 0 for HACO's keys and DB 1 for Celery's broker,
+flushed at start; never the machine's, whose DB 0 and 1 belong to whoever runs `haco up`
+there), and against an embedded valkey-server started by ``start_stack`` as ``haco up``
+does. Workers start once per server (one per zone; the
 ``solo`` zone has a single thread so its queue can be kept busy).
 
 Members are deterministic: the scenario written below gives every model a fixed latency
@@ -20,14 +22,16 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import redis
+from polling import wait_for
+from services import UNREACHABLE_REDIS_URL, flush_runtime_dbs
 
 from coordinator.config import HacoSettings
 from coordinator.errors import AllFailedError, ConfigError, DeadlineError
@@ -35,12 +39,10 @@ from coordinator.runtime.client import HacoClient
 from coordinator.runtime.pool import load_pool
 from coordinator.services.supervisor import Stack, start_stack
 from coordinator.state import keys
-from coordinator.state.broker import with_db
 from coordinator.state.budget import RedisBudget
 from schemas.enums import GroupState, MemberStatus
-from schemas.models import MemberReport, MemberTrace
+from schemas.models import GroupVerdict, MemberReport, MemberTrace
 
-EXTERNAL_URL = "redis://127.0.0.1:6379/0"
 HACO = str(Path(sys.executable).with_name("haco"))
 SCALE = 0.02  # simulated seconds x SCALE = wall-clock seconds
 MODELS = {"fast": 0.05, "medium": 0.3, "long": 1.2, "slow": 2.0}  # wall-clock seconds
@@ -70,7 +72,6 @@ with HacoClient(settings, redis_url=url) as client:
     print(json.dumps([client.invoke("budget", "hi", launch_mode="staggered", tau=0.95,
         deadline_s=10).backups for _ in range(2)]))
 """
-T = TypeVar("T")
 
 
 def write_pool(folder: Path) -> Path:
@@ -100,27 +101,15 @@ def write_pool(folder: Path) -> Path:
     return pool
 
 
-def wait_for(probe: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    """Poll ``probe`` until it returns something other than None; fail after ``timeout_s``."""
-    end = time.monotonic() + timeout_s
-    while True:
-        got = probe()
-        if got is not None:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def wait_ready(client: HacoClient, zones: Sequence[str], timeout_s: float = 30.0) -> None:
     """Until the worker of every zone answers a Celery ping."""
     want = {f"haco-{zone}@{socket.gethostname()}" for zone in zones}
 
-    def answered() -> bool | None:
+    def answered() -> bool:
         replies = client.app.control.ping(destination=sorted(want), timeout=0.5)
-        return True if want <= {name for reply in replies for name in reply} else None
+        return want <= {name for reply in replies for name in reply}
 
-    wait_for(answered, timeout_s, f"workers {sorted(want)} to answer a ping")
+    wait_for(f"workers {sorted(want)} to answer a ping", answered, timeout_s)
 
 
 def reports(r: redis.Redis, group_id: str, source: str) -> dict[str, MemberTrace]:
@@ -129,7 +118,8 @@ def reports(r: redis.Redis, group_id: str, source: str) -> dict[str, MemberTrace
     if source == "replies":
         raw = r.lrange(keys.group_replies(group_id), 0, -1)
     else:
-        raw = [fields[b"report"] for _, fields in r.xrange(keys.TRACES)]
+        field = keys.REPORT_FIELD.encode()  # not the groups' verdicts
+        raw = [fields[field] for _, fields in r.xrange(keys.TRACES) if field in fields]
     traces = [MemberReport.model_validate_json(x).trace for x in raw]
     return {t.member_id: t for t in traces if t.group_id == group_id}
 
@@ -141,7 +131,7 @@ def wait_reports(
         got = reports(r, group_id, source)
         return got if members <= got.keys() else None
 
-    return wait_for(complete, timeout_s, f"{source} of {sorted(members)}")
+    return wait_for(f"{source} of {sorted(members)}", complete, timeout_s)
 
 
 def finish(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:
@@ -180,20 +170,12 @@ class Services:
         wait_ready(self.client, [zone])
 
 
-def flush_external() -> None:
-    for db in (keys.APP_DB, keys.BROKER_DB):
-        try:
-            with redis.Redis.from_url(with_db(EXTERNAL_URL, db), socket_timeout=2) as r:
-                r.flushdb()
-        except redis.ConnectionError as exc:
-            pytest.skip(f"no Redis at {EXTERNAL_URL}: {exc}")
-
-
 @pytest.fixture(scope="module", params=["external", "embedded"])
 def services(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Services]:
     external = request.param == "external"
+    url = request.getfixturevalue("runtime_redis_url") if external else ""
     tmp = tmp_path_factory.mktemp(request.param)
     pool_file = write_pool(tmp)
     with pytest.MonkeyPatch.context() as mp:
@@ -201,9 +183,9 @@ def services(
             mp.delenv(name)
         mp.setenv("HACO_POOL_FILE", str(pool_file))  # workers read it from the environment
         if external:
-            flush_external()
+            flush_runtime_dbs(url)
         # An empty URL makes start_stack start an embedded server, as `haco up` does.
-        base = HacoSettings(redis_url=EXTERNAL_URL if external else "", state_dir=tmp / "state")
+        base = HacoSettings(redis_url=url, state_dir=tmp / "state")
         stack = start_stack(base, MAIN_ZONES, concurrency=4)
         try:
             stack.start_worker(SOLO, 1)
@@ -214,7 +196,7 @@ def services(
         finally:
             stack.stop()
             if external:
-                flush_external()
+                flush_runtime_dbs(url)
 
 
 @pytest.fixture
@@ -240,6 +222,13 @@ def test_invocation_returns_the_best_ranked_success(svc: Services) -> None:
     assert res.members[2].latency_s < res.members[1].latency_s
     assert 0.0 < res.p_success <= 1.0
     assert res.tokens > 0
+    # The close appended the group's verdict to the trace stream, for invocations.
+    field = keys.VERDICT_FIELD.encode()
+    found = [GroupVerdict.model_validate_json(f[field]) for _, f in svc.r.xrange(keys.TRACES)
+             if field in f]  # fmt: skip
+    (v,) = [v for v in found if v.group_id == res.group_id]
+    assert (v.state, v.winner_member, v.p_success) == (res.state, res.winner_id, res.p_success)
+    assert (v.launched, v.failed) == (3, 1) and v.succeeded + v.running == 2
 
 
 def test_unknown_zone_is_rejected(tmp_path: Path) -> None:
@@ -252,7 +241,7 @@ def test_unknown_zone_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown zone 'mars'"):
         load_pool(bad)
     with pytest.raises(ConfigError, match="unknown zone 'mars'"):
-        HacoClient(HacoSettings(pool_file=bad), redis_url="redis://127.0.0.1:1/0")
+        HacoClient(HacoSettings(pool_file=bad), redis_url=UNREACHABLE_REDIS_URL)
     argv, env = [HACO, "worker", "--zone", "nosuch"], clean_env()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr
@@ -297,10 +286,8 @@ def test_running_member_stops_within_the_polling_interval(svc: Services) -> None
 
 def test_deadline_is_honoured(svc: Services) -> None:
     deadline_s = 0.5
-    start = time.monotonic()
     with pytest.raises(DeadlineError) as info:
         svc.client.invoke("late", "hi", deadline_s=deadline_s)
-    assert time.monotonic() - start < 5 * deadline_s  # coarse: not a performance figure
     gid = info.value.group_id
     reason = f"no report within deadline_s={deadline_s}"
     assert info.value.failures == {f"{gid}.0": reason, f"{gid}.1": reason}
@@ -357,19 +344,17 @@ def test_worker_killed_mid_task(svc: Services) -> None:
 
     before = received()
     with ThreadPoolExecutor(max_workers=1) as pool:
-        start = time.monotonic()
         future = pool.submit(svc.client.invoke, "doomed", "hi", deadline_s=deadline_s)
-        wait_for(lambda: received() > before or None, 5, f"the {zone} worker to take its member")
+        wait_for(f"the {zone} worker to take its member", lambda: received() > before, 5)
         proc = svc.stack.workers[zone]
         proc.kill()
         proc.wait()
-        killed_at = time.monotonic() - start
         try:
             res = future.result(timeout=deadline_s + 10)
         finally:
             svc.restart_worker(zone)
-    assert killed_at < MODELS["long"], f"killed at {killed_at:.2f} s: after rank 0 finished"
-    # Rank 0 would have won at 1.2 s; its report never comes, so rank 1 wins at the deadline.
+    # Rank 0 would have won at 1.2 s; killed before, its report never comes, so rank 1
+    # wins at the deadline (a kill after rank 0 finished would show as rank 0 winning).
     assert res.state is GroupState.WON
     assert (res.winner_id, res.zone) == (f"{res.group_id}.1", "local")
     assert res.latency_s < deadline_s + 1.0

@@ -1,4 +1,5 @@
-"""The embedded valkey-server: real processes, real sockets, no mocks."""
+"""The embedded valkey-server and the state-dir lock and pidfile it shares with the
+embedded Postgres (coordinator.services.pidfile): real processes, real sockets, no mocks."""
 
 from __future__ import annotations
 
@@ -8,21 +9,23 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from polling import wait_for
 
 from coordinator.config import HacoSettings
-from coordinator.errors import ServiceError
+from coordinator.errors import DatabaseError, ServiceError
 from coordinator.services.embedded_redis import (
     EmbeddedRedis,
     discover,
     pidfile_path,
     resolve_redis_url,
 )
+from coordinator.services.pidfile import Pidfile, process_cmdline, state_lock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,17 +51,18 @@ def ping(url: str) -> bool:
         return bool(client.ping())
 
 
-def gone(pid: int, timeout_s: float = 10.0) -> bool:
-    """True once ``pid`` no longer exists. A process that has exited stays visible as a
-    zombie until its parent reaps it, so poll rather than check once."""
-    deadline_s = time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
+def wait_gone(pid: int, what: str) -> None:
+    """Until ``pid`` no longer exists. A process that has exited stays visible as a zombie
+    until its parent reaps it, so poll rather than check once."""
+
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
-        time.sleep(0.02)
-    return False
+        return False
+
+    wait_for(what, gone, timeout_s=10.0, interval_s=0.02)
 
 
 def dead_pid() -> int:
@@ -124,9 +128,7 @@ def test_stop_kills_a_server_that_does_not_answer(tmp_path: Path) -> None:
     pid = handle.pid
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
-    t0_s = time.monotonic()
     handle.stop(timeout_s=0.3)
-    assert time.monotonic() - t0_s < 10.0
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert not pidfile_path(tmp_path).exists()
@@ -136,7 +138,8 @@ def test_context_manager_starts_and_stops(tmp_path: Path) -> None:
     with EmbeddedRedis(tmp_path) as handle:
         assert handle.url is not None and ping(handle.url)
         pid = handle.pid
-    assert pid is not None and gone(pid)
+    assert pid is not None
+    wait_gone(pid, "the server to exit")
     assert not pidfile_path(tmp_path).exists()
 
 
@@ -246,6 +249,57 @@ def test_owner_process_exit_leaves_no_server(tmp_path: Path) -> None:
         check=True,
     )
     child = json.loads(done.stdout)
-    assert gone(child["pid"]), "valkey-server outlived the process that owned it"
+    wait_gone(child["pid"], "valkey-server to exit with the process that owned it")
     assert not pidfile_path(tmp_path).exists()
     assert discover(tmp_path) is None
+
+
+# -- coordinator.services.pidfile, shared with the embedded Postgres ------------------------
+
+
+def test_state_lock_excludes_a_second_holder_until_released(tmp_path: Path) -> None:
+    state_dir = tmp_path / "created"
+    entered = threading.Event()
+
+    def second() -> None:
+        with state_lock(state_dir, "x.lock", ServiceError):  # its own descriptor: blocks
+            entered.set()
+
+    with state_lock(state_dir, "x.lock", ServiceError):
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert not entered.wait(0.2), "a second holder got the lock while it was held"
+    wait_for("the second holder to get the released lock", entered.is_set, 10)
+    thread.join(10)
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with (
+        pytest.raises(DatabaseError, match="cannot use state dir"),
+        state_lock(not_a_dir, "x.lock", DatabaseError),
+    ):
+        pass
+
+
+def test_pidfile_reads_writes_and_removes(tmp_path: Path) -> None:
+    pidfile = Pidfile(tmp_path / "server.json", ServiceError)
+    assert pidfile.read_json() is None and pidfile.read_lines() is None
+    pidfile.write_json({"pid": 7, "url": "redis://x"})
+    assert pidfile.read_json() == {"pid": 7, "url": "redis://x"}
+    assert [p.name for p in tmp_path.iterdir()] == ["server.json"]  # no temp file left
+    pidfile.path.write_text("[1, 2]")  # JSON, but not a record
+    assert pidfile.read_json() is None and pidfile.read_lines() == ["[1, 2]"]
+    pidfile.remove()
+    pidfile.remove()  # gone already: fine
+    assert not pidfile.exists()
+    with pytest.raises(ServiceError, match="cannot write pidfile"):
+        Pidfile(tmp_path / "missing" / "x.json", ServiceError).write_json({})
+    with subprocess.Popen(["sleep", "60"]) as proc:
+
+        def named() -> bool:  # polled: until the child has exec'd, /proc shows our cmdline
+            return process_cmdline(proc.pid).split("\0")[:2] == ["sleep", "60"]
+
+        try:
+            wait_for("sleep's command line", named, 10)
+        finally:
+            proc.kill()
+    assert process_cmdline(dead_pid()) == ""

@@ -1,21 +1,16 @@
-"""The harvester against real Redis (DB 12) and real Postgres: a fresh database per module
-in the machine's server, and, for the outage test, a throwaway server this test starts,
-stops and restarts (the machine's shared server is never stopped)."""
+"""The harvester against real Redis and real Postgres (this run's own Redis database and a
+fresh Postgres database for the module, tests/services.py), and, for the outage test, an
+embedded Postgres of the test's own, which it stops and restarts (the servers other
+tests use are never stopped)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import pwd
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,22 +18,22 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from polling import wait_for
 from psycopg_pool import ConnectionPool
+from services import UNREACHABLE_REDIS_URL, private_state_dir
 from typer.testing import CliRunner
 
 from coordinator.cli.main import app
 from coordinator.config import HacoSettings
+from coordinator.services.embedded_pg import EmbeddedPostgres
 from coordinator.services.supervisor import Stack
 from coordinator.state import keys
 from coordinator.state.store import RedisStore
-from coordinator.tracestore.harvester import CRASH_AFTER_COMMIT_ENV, CRASH_EXIT_CODE, Harvester
+from coordinator.tracestore.harvester import Harvester
 from coordinator.tracestore.migrate import migrate
 from schemas.models import MemberReport, MemberTrace
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS_URL = os.environ.get("HACO_TEST_REDIS_URL", "redis://127.0.0.1:6379/12")
-PG_ADMIN_URL = os.environ.get("HACO_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-HACO_KEYS = (keys.TRACES, keys.TRACES_DEAD, keys.METRICS)
 
 
 def report_json(i: int, group: str | None = None, **trace: Any) -> str:
@@ -106,21 +101,9 @@ def metrics(r: redis.Redis) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in r.hgetall(keys.METRICS).items()}
 
 
-def wait_for(what: str, cond: Any, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture
-def r() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    client.delete(*HACO_KEYS)
-    yield client
-    client.delete(*HACO_KEYS)
-    client.close()
+def r(redis_db: redis.Redis) -> redis.Redis:
+    return redis_db
 
 
 @pytest.fixture
@@ -254,28 +237,31 @@ def test_lag_metrics_and_the_buffer_alarm(
     assert Harvester(r, pool, settings(), "h3").alarm_at == int(0.8 * s.trace_stream_maxlen)
 
 
-CRASHING_HARVESTER = """
-import sys, redis
+CRASH_EXIT_CODE = 17
+# A harvester process whose fault-injection point kills it right after its first commit.
+CRASHING_HARVESTER = f"""
+import os, sys, redis
 from psycopg_pool import ConnectionPool
 from coordinator.config import HacoSettings
 from coordinator.tracestore.harvester import Harvester
 client = redis.Redis.from_url(sys.argv[2])
 pool = ConnectionPool(sys.argv[1], min_size=1, max_size=1, open=False)
 pool.open(wait=True)
-Harvester(client, pool, HacoSettings(), "doomed").run_once()
-sys.exit(3)  # unreachable: the hook exits right after the commit
+crash = lambda: os._exit({CRASH_EXIT_CODE})
+Harvester(client, pool, HacoSettings(), "doomed", after_commit=crash).run_once()
+sys.exit(3)  # unreachable: the fault exits right after the commit
 """
 
 
 def test_killed_between_commit_and_ack_loses_and_duplicates_nothing(
-    r: redis.Redis, pool: ConnectionPool, db: str
+    r: redis.Redis, redis_url: str, pool: ConnectionPool, db: str
 ) -> None:
     s = settings(harvest_reclaim_idle_s=0.2)
     Harvester(r, pool, s, "rescuer").run_once()  # the group exists before the entries
     push(r, [report_json(i) for i in range(500)])
-    env = {**os.environ, CRASH_AFTER_COMMIT_ENV: "1", "HACO_HARVEST_BATCH": "200"}
+    env = {**os.environ, "HACO_HARVEST_BATCH": "200"}
     proc = subprocess.run(
-        [sys.executable, "-c", CRASHING_HARVESTER, db, REDIS_URL],
+        [sys.executable, "-c", CRASHING_HARVESTER, db, redis_url],
         cwd=ROOT, env=env, capture_output=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == CRASH_EXIT_CODE, proc.stderr.decode()
@@ -293,6 +279,25 @@ def test_killed_between_commit_and_ack_loses_and_duplicates_nothing(
     assert scalar(db, "SELECT sum(members) FROM invocations") == 500
     assert r.xlen(keys.TRACES) == 0
     assert metrics(r)["harvest_duplicates"] == 200
+
+
+def test_after_commit_runs_between_the_commit_and_the_ack(
+    r: redis.Redis, pool: ConnectionPool, db: str
+) -> None:
+    s = settings()
+    Harvester(r, pool, s, "h1").run_once()  # the group exists before the entries
+    push(r, [report_json(i) for i in range(5)])
+
+    def fault() -> None:
+        assert scalar(db, "SELECT count(*) FROM members") == 5  # committed ...
+        raise OSError("injected")
+
+    with pytest.raises(OSError, match="injected"):
+        Harvester(r, pool, s, "h1", after_commit=fault).run_once()
+    assert r.xpending(keys.TRACES, s.harvest_group)["pending"] == 5  # ... never acked
+    assert Harvester(r, pool, s, "h1").run_once() == 0  # redelivered: nothing twice
+    assert scalar(db, "SELECT count(*) FROM members") == 5
+    assert r.xlen(keys.TRACES) == 0
 
 
 def test_traces_export_and_tail_read_the_store(
@@ -327,10 +332,9 @@ def test_traces_export_and_tail_read_the_store(
 def test_haco_up_stack_runs_and_stops_a_harvester(
     db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Nothing listens on port 1: the harvester retries Redis with backoff until stopped
-    # (never pointed at the machine's Redis DB 0, which other tests use).
+    # Nothing listens there: the harvester retries Redis with backoff until stopped.
     monkeypatch.setenv("HACO_DATABASE_URL", db)
-    stack = Stack("redis://127.0.0.1:1/0", None, log_dir=tmp_path)
+    stack = Stack(UNREACHABLE_REDIS_URL, None, log_dir=tmp_path)
     proc = stack.start_harvester()
     log = tmp_path / "harvester.log"
     try:
@@ -345,74 +349,26 @@ def test_haco_up_stack_runs_and_stops_a_harvester(
 # -- Postgres down --------------------------------------------------------------------
 
 
-def _pg_bin() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
-    return found[-1].parent if found else None
-
-
-class ThrowawayPostgres:
-    """initdb + pg_ctl in a temporary directory, on a free port; as the ``postgres``
-    system user when run as root (the server refuses to run as root)."""
-
-    def __init__(self, bin_dir: Path) -> None:
-        self.bin = bin_dir
-        self.dir = Path(tempfile.mkdtemp(prefix="haco-pg-"))
-        self.data = self.dir / "data"
-        self.user = "postgres" if os.geteuid() == 0 else None
-        if self.user is not None:
-            pw = pwd.getpwnam(self.user)
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, tool: str, *args: str) -> None:
-        cmd = [str(self.bin / tool), *args]
-        if self.user is not None:
-            cmd = ["runuser", "-u", self.user, "--", *cmd]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
-
-    def init(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
-        self.start()
-
-    def start(self) -> None:
-        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
-        log = str(self.dir / "server.log")
-        self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", log, "-w", "start")
-
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
-
-    def remove(self) -> None:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @pytest.fixture
-def throwaway_pg() -> Iterator[ThrowawayPostgres]:
-    bin_dir = _pg_bin()
-    if bin_dir is None:
-        pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql")
-    server = ThrowawayPostgres(bin_dir)
-    try:
-        server.init()
-        with psycopg.connect(server.url, autocommit=True) as conn:
+def throwaway_pg() -> Iterator[EmbeddedPostgres]:
+    """An embedded Postgres of this test's own (tests/services.py: state dir outside
+    tmp_path), migrated; the test stops and restarts it. Its URL (a unix socket in its
+    data dir) stays the same across a restart."""
+    with private_state_dir("haco-test-outage-") as state_dir, EmbeddedPostgres(state_dir) as pg:
+        assert pg.url is not None
+        with psycopg.connect(pg.url, autocommit=True) as conn:
             migrate(conn)
-        yield server
-    finally:
-        server.remove()
+        yield pg
 
 
 def test_postgres_stopped_during_load_then_restarted_loses_nothing(
-    r: redis.Redis, throwaway_pg: ThrowawayPostgres
+    r: redis.Redis, throwaway_pg: EmbeddedPostgres
 ) -> None:
     n, chunk = 6000, 200
     s = settings(harvest_batch=500, harvest_buffer_alarm=2000, harvest_backoff_max_s=0.5)
     store = RedisStore(r)
-    pool = open_pool(throwaway_pg.url, timeout=1.0)
+    url = str(throwaway_pg.url)
+    pool = open_pool(url, timeout=1.0)
     stop = threading.Event()
     h = Harvester(r, pool, s, "h1")
     thread = threading.Thread(target=h.run, args=(stop,), daemon=True)
@@ -424,7 +380,7 @@ def test_postgres_stopped_during_load_then_restarted_loses_nothing(
                 store.append_trace(report_json(i), s.trace_stream_maxlen, s.trace_stream_ttl_s)
 
         def stored() -> int:
-            return int(scalar(throwaway_pg.url, "SELECT count(*) FROM members"))
+            return int(scalar(url, "SELECT count(*) FROM members"))
 
         for lo in range(0, n // 3, chunk):
             produce(lo, lo + chunk)
@@ -435,13 +391,13 @@ def test_postgres_stopped_during_load_then_restarted_loses_nothing(
         wait_for("a failed write", lambda: metrics(r).get("harvest_db_errors", 0) >= 2)
         wait_for("the buffer alarm", lambda: metrics(r).get("harvest_buffer_alarm", 0) >= 1)
         assert r.xlen(keys.TRACES) == n - n // 3  # everything waits in the stream
-        throwaway_pg.start()
+        assert throwaway_pg.start() == url
         wait_for("every trace stored", lambda: r.xlen(keys.TRACES) == 0, 90)
     finally:
         stop.set()
         thread.join(30)
         pool.close()
     assert stored() == n
-    assert scalar(throwaway_pg.url, "SELECT sum(members) FROM invocations") == n
+    assert scalar(url, "SELECT sum(members) FROM invocations") == n
     assert r.xpending(keys.TRACES, s.harvest_group)["pending"] == 0
     assert metrics(r).get("harvest_lost", 0) == 0

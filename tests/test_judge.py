@@ -3,9 +3,9 @@ spec says (α += q, β += 1 − q) without counting a call; a redelivered judgem
 once (the members row's judged_at guard); user, LLM and simulated scorers; and a real
 `haco worker --judge` process judging a harvested member end to end.
 
-Real services: the machine's Postgres (a fresh database for this module) and Redis DB 8;
-the end-to-end test runs its own embedded valkey-server, because workers use fixed
-database numbers (keys.APP_DB, keys.BROKER_DB) that other suites flush."""
+Real services (tests/services.py): a fresh Postgres database for this module and this
+run's own Redis database; the end-to-end test runs its worker on a whole Redis server of
+the run's own, because workers use fixed database numbers (keys.APP_DB, keys.BROKER_DB)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ import numpy as np
 import psycopg
 import pytest
 import redis
+from polling import wait_for
 from psycopg_pool import ConnectionPool
+from services import flush_runtime_dbs
 from typer.testing import CliRunner
 
 from coordinator.cli.main import app as cli_app
@@ -38,9 +40,8 @@ from coordinator.core.profiles import (
     apply_quality,
     update_candidate,
 )
-from coordinator.errors import ConfigError, InputError
+from coordinator.errors import ConfigError, InputError, ScoreError
 from coordinator.runtime.pool import Pool, load_pool
-from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.state import keys
 from coordinator.state.broker import with_db
 from coordinator.state.keys import JUDGE_QUEUE, JUDGE_TASK
@@ -57,7 +58,6 @@ from workers.judge import (
     JudgeTask,
     LLMJudge,
     Outcome,
-    ScoreError,
     SimJudge,
     apply_judgement,
     judge_member,
@@ -67,8 +67,6 @@ from workers.member import MemberContext, execute_member
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
-REDIS_URL = "redis://127.0.0.1:6379/8"
-PG_ADMIN_URL = os.environ.get("HACO_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 TTL = 600.0
 T0 = 1_700_000_000.123456789  # finer than Postgres' microseconds: matched as traced
 REQUEST = [Message(role="user", content="write a haiku about hedging")]
@@ -85,18 +83,8 @@ def conn(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 @pytest.fixture
-def redis_store() -> Iterator[RedisStore]:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.flushdb()
-    except redis.ConnectionError as exc:
-        client.close()
-        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
-    try:
-        yield RedisStore(client)
-    finally:
-        client.flushdb()
-        client.close()
+def redis_store(redis_db: redis.Redis) -> RedisStore:
+    return RedisStore(redis_db)
 
 
 def insert_member(
@@ -502,14 +490,6 @@ def test_worker_takes_a_zone_or_the_judge(tmp_path: Path) -> None:
 # ------------------------------------------------------- a real judge worker, end to end
 
 
-def wait_until(what: str, cond: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def harvest(client: redis.Redis, pg_url: str, settings: HacoSettings) -> None:
     pool = ConnectionPool(pg_url, min_size=1, max_size=1, open=False)
     pool.open(wait=True, timeout=30)
@@ -519,42 +499,37 @@ def harvest(client: redis.Redis, pg_url: str, settings: HacoSettings) -> None:
         pool.close()
 
 
-def test_a_judge_worker_judges_a_harvested_member(pg_url: str, tmp_path: Path) -> None:
+def test_a_judge_worker_judges_a_harvested_member(
+    pg_url: str, runtime_redis_url: str, tmp_path: Path
+) -> None:
     pool_file = write_pool(
         tmp_path, 'scorer = "callable"\ncallable = "scorers_example:length_score"'
     )
-    with EmbeddedRedis(tmp_path / "state") as server:
-        url = server.url or ""
-        settings = HacoSettings(
-            redis_url=url, database_url=pg_url, pool_file=pool_file, harvest_block_ms=50
-        )
-        client = redis.Redis.from_url(with_db(url, keys.APP_DB))
-        store, celery = RedisStore(client), create_app(settings, url)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HACO_")}
-        env |= {"HACO_REDIS_URL": url, "HACO_DATABASE_URL": pg_url}
-        env |= {"HACO_POOL_FILE": str(pool_file), "PYTHONPATH": str(TESTS)}
-        argv = [
-            sys.executable,
-            "-m",
-            "coordinator.cli.main",
-            "worker",
-            "--judge",
-            "--concurrency",
-            "2",
-        ]
-        with (tmp_path / "judge.log").open("wb") as log:
-            proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = runtime_redis_url  # a server of this run's own: workers use its DB 0 and 1
+    flush_runtime_dbs(url)
+    settings = HacoSettings(
+        redis_url=url, database_url=pg_url, pool_file=pool_file, harvest_block_ms=50
+    )
+    client = redis.Redis.from_url(with_db(url, keys.APP_DB))
+    store, celery = RedisStore(client), create_app(settings, url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HACO_")}
+    env |= {"HACO_REDIS_URL": url, "HACO_DATABASE_URL": pg_url}
+    env |= {"HACO_POOL_FILE": str(pool_file), "PYTHONPATH": str(TESTS)}
+    argv = [sys.executable, "-m", "coordinator.cli.main", "worker", "--judge"]
+    argv += ["--concurrency", "2"]
+    with (tmp_path / "judge.log").open("wb") as log:
+        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _judge_end_to_end(store, client, celery, pg_url, settings, tmp_path / "judge.log")
+    finally:
+        proc.send_signal(signal.SIGTERM)
         try:
-            _judge_end_to_end(store, client, celery, pg_url, settings, tmp_path / "judge.log")
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            celery.close()
-            client.close()
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        celery.close()
+        client.close()
 
 
 def _judge_end_to_end(
@@ -571,7 +546,7 @@ def _judge_end_to_end(
     # A zone worker's member, as it runs there: counted, traced, and sent to the judge
     # (the real runtime's sender, from the pool's [evaluator]).
     node = f"haco-judge@{socket.gethostname()}"
-    wait_until("the judge worker", lambda: bool(celery.control.ping([node], timeout=0.5)))
+    wait_for("the judge worker", lambda: bool(celery.control.ping([node], timeout=0.5)))
     runtime = celery.conf.haco_runtime
     ctx = dataclasses.replace(runtime.context(), backends=lambda _t: OkBackend(None))
     task = member_task("e2e")
@@ -579,9 +554,9 @@ def _judge_end_to_end(
     report = execute_member(task, ctx)
     assert report.trace.quality is None and report.output == "x" * 42
     # The judge looks before the harvest: the row is not there yet, so it retries.
-    wait_until("a retry", lambda: metric("judge_not_found") >= 1)
+    wait_for("a retry", lambda: metric("judge_not_found") >= 1)
     harvest(client, pg_url, settings)
-    wait_until("the judgement", lambda: metric("judge_applied") == 1)
+    wait_for("the judgement", lambda: metric("judge_applied") == 1)
     prof = store.load_profiles(["coder-0"], [])[0]["coder-0"]
     assert (prof.alpha, prof.beta, prof.calls) == pytest.approx((1.42, 1.58, 1.0))
     with psycopg.connect(pg_url) as c:
@@ -590,7 +565,7 @@ def _judge_end_to_end(
     payload = judge_task_for(task, report).model_dump(mode="json")
     celery.send_task(JUDGE_TASK, args=[payload], queue=JUDGE_QUEUE)
     celery.send_task(JUDGE_TASK, args=[{"member_id": ""}], queue=JUDGE_QUEUE)
-    wait_until("the duplicate", lambda: metric("judge_duplicate") == 1)
+    wait_for("the duplicate", lambda: metric("judge_duplicate") == 1)
     assert store.load_profiles(["coder-0"], [])[0]["coder-0"] == prof
     assert metric("judge_applied") == 1
-    wait_until("the rejection", lambda: b"rejected judge task payload" in log.read_bytes())
+    wait_for("the rejection", lambda: b"rejected judge task payload" in log.read_bytes())

@@ -1,17 +1,15 @@
-"""Migrations, retention and the embedded Postgres, against real servers: the machine's
-PostgreSQL (a fresh database per test, dropped after it) and an embedded server this module
-starts in a temporary state dir. No mocks."""
+"""Migrations, retention and the embedded Postgres, against real servers (tests/services.py):
+a fresh database per test, dropped after it, on the run's Postgres (the machine's, or the
+embedded one) and on the run's embedded server; the embedded server's own lifecycle on
+servers the tests start in temporary state dirs. No mocks."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import shutil
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -19,13 +17,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from polling import wait_for
 from psycopg import errors as pg_errors
-from psycopg.conninfo import make_conninfo
+from services import UNREACHABLE_PG_URL, empty_database, private_state_dir
 from typer.testing import CliRunner
 
 from coordinator.cli.main import app
 from coordinator.config import HacoSettings
-from coordinator.errors import DatabaseError, MigrationError
+from coordinator.errors import DatabaseError, InputError, MigrationError
 from coordinator.services.embedded_pg import (
     EmbeddedPostgres,
     data_dir_path,
@@ -44,55 +43,26 @@ from coordinator.tracestore.migrate import (
     plan,
 )
 
-PG_ADMIN_URL = os.environ.get("HACO_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+SHIPPED = ["0001_traces", "0002_verdicts"]
 TABLES = {"invocations", "members", "link_observations", "profile_snapshots"}
 TIMEOUT_S = 60.0
 
 
-@contextlib.contextmanager
-def private_state_dir() -> Iterator[Path]:
-    """A state dir outside pytest's basetemp. As root the server runs as user ``pgserver``,
-    which must traverse the dir's parents, and every pytest session (a concurrent one too)
-    resets /tmp/pytest-of-root to 0700: that would lock it out of a server under tmp_path."""
-    path = Path(tempfile.mkdtemp(prefix="haco-test-pg-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
-    with private_state_dir() as path:
+    """A state dir outside pytest's basetemp (tests/services.py says why)."""
+    with private_state_dir("haco-test-pg-") as path:
         yield path
-
-
-@pytest.fixture(scope="module")
-def embedded_url() -> Iterator[str]:
-    """One embedded server for the module's parametrized tests (each gets its own database)."""
-    with private_state_dir() as path, EmbeddedPostgres(path) as server:
-        assert server.url is not None
-        yield server.url
 
 
 @pytest.fixture(params=["external", "embedded"])
 def db(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The URL of a fresh, empty database in the machine's Postgres or the embedded one."""
-    if request.param == "embedded":
-        server_url = request.getfixturevalue("embedded_url")
-    else:
-        server_url = PG_ADMIN_URL
-        try:
-            psycopg.connect(PG_ADMIN_URL, connect_timeout=5).close()
-        except psycopg.OperationalError as exc:
-            pytest.skip(f"no Postgres at {PG_ADMIN_URL}: {exc}")
-    name = f"haco_test_{uuid.uuid4().hex[:12]}"
-    with connect(server_url) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"'.encode())
-        try:
-            yield make_conninfo(server_url, dbname=name)
-        finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+    """The URL of a fresh, empty database on the run's Postgres (given by URL, as
+    HACO_DATABASE_URL gives one: the machine's, or else the embedded one) or on the run's
+    embedded server."""
+    fixture = "embedded_pg_url" if request.param == "embedded" else "pg_admin_url"
+    with empty_database(request.getfixturevalue(fixture), "test") as url:
+        yield url
 
 
 @pytest.fixture
@@ -149,7 +119,7 @@ def noon(day: date) -> datetime:
 def test_apply_on_empty_database_creates_tables_with_checks(db: str) -> None:
     with connect(db) as conn:
         applied = migrate(conn)
-        assert [m.label for m in applied] == ["0001_traces"]
+        assert [m.label for m in applied] == SHIPPED
         assert TABLES | {"haco_schema_version"} <= tables(conn)
         assert {"members_default", "link_observations_default"} <= tables(conn)
         shipped = discover_migrations()
@@ -177,7 +147,7 @@ def test_newer_database_is_refused(db: str) -> None:
         migrate(conn)
         conn.execute("INSERT INTO haco_schema_version VALUES (9999, 'future', 'x', now())")
         for attempt in (migrate, plan):
-            with pytest.raises(MigrationError, match=r"9999.*newer.*0001_traces"):
+            with pytest.raises(MigrationError, match=r"9999.*newer.*0002_verdicts"):
                 attempt(conn)
 
 
@@ -193,32 +163,32 @@ def test_changed_checksum_is_refused(db: str, migrations: Path) -> None:
 def test_dry_run_lists_pending_without_applying(db: str, migrations: Path) -> None:
     with connect(db) as conn:
         first = plan(conn, migrations)
-        assert [m.label for m in first.pending] == ["0001_traces"] and first.applied == []
+        assert [m.label for m in first.pending] == SHIPPED and first.applied == []
         assert tables(conn) == set()  # not even the version table
         migrate(conn, migrations)
-        (migrations / "0002_extra.sql").write_text("CREATE TABLE extra (id int);\n")
+        (migrations / "0090_extra.sql").write_text("CREATE TABLE extra (id int);\n")
         second = plan(conn, migrations)
-        assert [m.label for m in second.pending] == ["0002_extra"]
-        assert [a.version for a in second.applied] == [1]
+        assert [m.label for m in second.pending] == ["0090_extra"]
+        assert [a.version for a in second.applied] == [1, 2]
         assert "extra" not in tables(conn)
 
 
 def test_failed_migration_rolls_back_and_out_of_order_is_refused(db: str, migrations: Path) -> None:
-    (migrations / "0003_broken.sql").write_text("CREATE TABLE half (id int);\nSELECT 1/0;\n")
+    (migrations / "0091_broken.sql").write_text("CREATE TABLE half (id int);\nSELECT 1/0;\n")
     with connect(db) as conn:
-        with pytest.raises(MigrationError, match="0003_broken"):
+        with pytest.raises(MigrationError, match="0091_broken"):
             migrate(conn, migrations)
         assert "half" not in tables(conn)
-        assert [v for v, _, _ in versions(conn)] == [1]  # 0001 committed on its own
-        (migrations / "0003_broken.sql").write_text("CREATE TABLE half (id int);\n")
-        assert [m.label for m in migrate(conn, migrations)] == ["0003_broken"]
-        (migrations / "0002_late.sql").write_text("CREATE TABLE late (id int);\n")
-        with pytest.raises(MigrationError, match=r"0002_late.*0003"):
+        assert [v for v, _, _ in versions(conn)] == [1, 2]  # each committed on its own
+        (migrations / "0091_broken.sql").write_text("CREATE TABLE half (id int);\n")
+        assert [m.label for m in migrate(conn, migrations)] == ["0091_broken"]
+        (migrations / "0090_late.sql").write_text("CREATE TABLE late (id int);\n")
+        with pytest.raises(MigrationError, match=r"0090_late.*0091"):
             migrate(conn, migrations)
 
 
 def test_concurrent_migrators_apply_once(db: str, migrations: Path) -> None:
-    (migrations / "0002_extra.sql").write_text("CREATE TABLE extra (id int);\n")
+    (migrations / "0090_extra.sql").write_text("CREATE TABLE extra (id int);\n")
     results: dict[int, list[str]] = {}
     failures: list[BaseException] = []
 
@@ -239,17 +209,19 @@ def test_concurrent_migrators_apply_once(db: str, migrations: Path) -> None:
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
             "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
-        deadline = time.monotonic() + TIMEOUT_S
-        while holder.execute(waiting).fetchall()[0][0] < 2:
-            assert time.monotonic() < deadline, "the migrators never queued on the lock"
+
+        def queued() -> bool:
+            return bool(holder.execute(waiting).fetchall()[0][0] >= 2)
+
+        wait_for("both migrators to queue on the lock", queued, TIMEOUT_S, interval_s=0.01)
         holder.execute("SELECT pg_advisory_unlock(%s)", [MIGRATE_LOCK])
         for t in threads:
             t.join(TIMEOUT_S)
         assert not failures, failures
         # Each migration applied by exactly one of them (either may take the second).
         applied = sorted(label for labels in results.values() for label in labels)
-        assert len(results) == 2 and applied == ["0001_traces", "0002_extra"]
-        assert [v for v, _, _ in versions(holder)] == [1, 2]
+        assert len(results) == 2 and applied == [*SHIPPED, "0090_extra"]
+        assert [v for v, _, _ in versions(holder)] == [1, 2, 90]
 
 
 def test_retention_drops_only_old_partitions_and_default_rows(db: str) -> None:
@@ -288,6 +260,17 @@ def test_retention_drops_only_old_partitions_and_default_rows(db: str) -> None:
         assert again.dropped == [] and set(again.deleted.values()) == {0}
 
 
+def test_refuses_a_transaction_and_a_naive_cutoff(db: str) -> None:
+    with psycopg.connect(db) as conn:  # not autocommit: its transactions would be savepoints
+        for call in (migrate, ensure_partitions):
+            with pytest.raises(InputError, match=rf"{call.__name__} .*autocommit=False"):
+                call(conn)
+    with connect(db) as conn:
+        migrate(conn)
+        with pytest.raises(InputError, match=r"cutoff=2025-01-31T00:00:00 has no time zone"):
+            drop_older_than(conn, datetime(2025, 1, 31))  # naive: no tzinfo
+
+
 def test_new_partition_takes_its_rows_from_the_default_partition(db: str) -> None:
     day = datetime.now(UTC).date() + timedelta(days=40)
     with connect(db) as conn:
@@ -314,19 +297,20 @@ def test_cli_migrate_and_retention(db: str, monkeypatch: pytest.MonkeyPatch) -> 
     runner = CliRunner()
     dry = runner.invoke(app, ["migrate", "--dry-run"])
     assert dry.exit_code == 0, dry.output
-    assert '"pending": [\n    "0001_traces"' in dry.stdout and "would apply" in dry.stderr
+    assert '"pending": [\n    "0001_traces",\n    "0002_verdicts"' in dry.stdout
+    assert "would apply" in dry.stderr
     real = runner.invoke(app, ["migrate"])
     assert real.exit_code == 0, real.output
-    assert '"version": 1' in real.stdout and "applied 0001_traces" in real.stderr
+    assert '"version": 2' in real.stdout and "applied 0002_verdicts" in real.stderr
     again = runner.invoke(app, ["migrate"])
-    assert "up to date at version 1" in again.stderr
+    assert "up to date at version 2" in again.stderr
     ret = runner.invoke(app, ["db", "retention", "--days-ahead", "1"])
     assert ret.exit_code == 0, ret.output
     assert f'"{partition_name("members", datetime.now(UTC).date())}"' in ret.stdout
 
 
 def test_cli_reports_a_bad_database_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HACO_DATABASE_URL", "postgresql://nobody:secret@127.0.0.1:1/none")
+    monkeypatch.setenv("HACO_DATABASE_URL", UNREACHABLE_PG_URL)  # password: secret
     res = CliRunner().invoke(app, ["migrate"])
     assert res.exit_code == 1 and res.stdout == ""
     assert "error: cannot connect to Postgres at postgresql://nobody:***@" in res.stderr
@@ -393,7 +377,7 @@ def test_cli_migrate_on_the_embedded_server(
     runner = CliRunner()
     first = runner.invoke(app, ["migrate"])
     assert first.exit_code == 0, first.output
-    assert "(embedded)" in first.stderr and "applied 0001_traces" in first.stderr
+    assert "(embedded)" in first.stderr and "applied 0002_verdicts" in first.stderr
     assert discover(state_dir) is None  # the server started for the command was stopped
     second = runner.invoke(app, ["migrate"])
-    assert "up to date at version 1" in second.stderr
+    assert "up to date at version 2" in second.stderr

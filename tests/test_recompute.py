@@ -1,13 +1,14 @@
 """Periodic profile recomputation (coordinator.tracestore.recompute,
 coordinator.state.epochs): the merge of a snapshot with online deltas, the SQL
 aggregation against the pure fold, and the end to end split — nothing counted twice,
-nothing dropped — on real Redis (DB 9) and a fresh Postgres database of the machine's server."""
+nothing dropped — on real Redis and Postgres (a database of this run's own in each,
+tests/services.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-import os
 import random
 import threading
 import time
@@ -23,13 +24,16 @@ import pytest
 import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from polling import wait_for
 from psycopg_pool import ConnectionPool
+from services import UNREACHABLE_REDIS_URL
 from typer.testing import CliRunner
 
 from coordinator.cli import profiles as cli_profiles
 from coordinator.cli.main import app
 from coordinator.config import HacoSettings
 from coordinator.core.evidence import link_id
+from coordinator.core.observations import observations
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -43,19 +47,14 @@ from coordinator.core.profiles import (
     update_candidate,
     update_link,
 )
-from coordinator.errors import StoreError
+from coordinator.errors import InputError, StoreError
 from coordinator.runtime.pool import default_pool
 from coordinator.state import epochs, keys
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import OutcomeLimits, RedisStore
 from coordinator.tracestore.db import connect
 from coordinator.tracestore.harvester import Harvester
-from coordinator.tracestore.profilesql import (
-    aggregate,
-    link_observation_from_trace,
-    observation_from_trace,
-    split_id,
-)
+from coordinator.tracestore.profilesql import aggregate, split_id
 from coordinator.tracestore.recompute import RECOMPUTE_LOCK, recompute, wait_harvested
 from schemas.enums import FailureKind
 from schemas.models import MemberReport, MemberTask, MemberTrace
@@ -69,8 +68,6 @@ from workers.maintenance import (
     register_maintenance,
 )
 
-REDIS_URL = os.environ.get("HACO_TEST_RECOMPUTE_REDIS_URL", "redis://127.0.0.1:6379/9")
-PG_ADMIN_URL = os.environ.get("HACO_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 INF = ProfileSettings()
 BY_OBS = ProfileSettings(half_life=5.0, decay_unit=DecayUnit.OBSERVATIONS, latency_window=8)
 BY_TIME = ProfileSettings(half_life=30.0, decay_unit=DecayUnit.SECONDS, latency_window=8)
@@ -211,12 +208,8 @@ def db(pg_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def r() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+def r(redis_db: redis.Redis) -> redis.Redis:
+    return redis_db
 
 
 @pytest.fixture
@@ -266,7 +259,7 @@ def make_trace(i: int, cand: str, rng: random.Random, now: float) -> MemberTrace
         fields_["proc_latency_s"] = rng.choice([None, rng.uniform(0.1, 9)])
     if kind != "ok":
         status = {"deadline": "timed_out", "cancelled": "cancelled", "taken": "cancelled"}
-        failure = {"net_req": "network", "net_resp": "network", "taken": "cancelled"}
+        failure = {"net_req": "network", "net_resp": "network", "taken": "idempotency_taken"}
         fields_.update(status=status.get(kind, "failed"), success=False,
                        failure_kind=failure.get(kind, kind))  # fmt: skip
         fields_["failure_reason"] = {
@@ -283,13 +276,12 @@ def make_trace(i: int, cand: str, rng: random.Random, now: float) -> MemberTrace
 
 
 def record(store: RedisStore, trace: MemberTrace, cfg: ProfileSettings = INF) -> None:
-    """What workers.member._harvest does, with the recompute's reading of the trace."""
-    obs = observation_from_trace(trace)
-    lo = link_observation_from_trace(trace)
+    """What workers.member._harvest does, with the trace's own link reading."""
+    obs, legs = observations(trace)
     src, dst = trace.caller_zone, trace.zone
     report = MemberReport(trace=trace, output="x" if trace.success else None)
     store.record_outcome(
-        trace.candidate_id, obs, link_id(src, dst), src, dst, [lo] if lo else [],
+        trace.candidate_id, obs, link_id(src, dst), src, dst, legs,
         report.model_dump_json(), cfg, LIMITS,
     )  # fmt: skip
 
@@ -316,12 +308,11 @@ def expected(
     cands: dict[str, CandidateProfile] = {}
     links: dict[str, LinkProfile] = {}
     for t in sorted(traces, key=lambda t: order[t.member_id]):
-        obs = observation_from_trace(t)
+        obs, legs = observations(t)
         if obs is not None:
             prof = cands.get(t.candidate_id) or CandidateProfile(t.candidate_id)
             cands[t.candidate_id] = update_candidate(prof, obs, cfg)
-        lo = link_observation_from_trace(t)
-        if lo is not None:
+        for lo in legs:
             lid = link_id(t.caller_zone, t.zone)
             link = links.get(lid) or LinkProfile(t.caller_zone, t.zone)
             links[lid] = update_link(link, lo, cfg)
@@ -361,6 +352,61 @@ def test_the_sql_aggregation_equals_folding_the_stored_traces(
         assert_same(view.candidates[c], want_c[c], c)
 
 
+STATUS = {None: "succeeded", FailureKind.DEADLINE: "timed_out", FailureKind.CANCELLED: "cancelled",
+          FailureKind.IDEMPOTENCY_TAKEN: "cancelled"}  # fmt: skip
+
+
+def every_kind_of_trace(now: float) -> list[MemberTrace]:
+    """One trace per failure kind (and success) × request path delay measured or not ×
+    lost or not × bytes sent or not, each on its own candidate's link in turn."""
+    out = []
+    grid = itertools.product([None, *FailureKind], [None, 0.04], [False, True], [0, 1200])
+    for i, (kind, rtt, lost, sent) in enumerate(grid):
+        cand = list(ZONES)[i % len(ZONES)]
+        out.append(MemberTrace(
+            invocation_id=f"k{i}", group_id=f"k{i}", member_id=f"k{i}.0", candidate_id=cand,
+            role="coder", model="m", zone=ZONES[cand], caller_zone=CALLER, rank=0,
+            u_plus=0.5, r_minus=0.2, started_at_s=now + i - 1.0, finished_at_s=now + i,
+            status=STATUS.get(kind, "failed"), failure_kind=kind, success=kind is None,
+            failure_reason=None if kind is None else "why", quality=0.1 + i / 200,
+            latency_s=1.0, proc_latency_s=0.2 + i / 100, tokens_in=i, tokens_out=2 * i,
+            bytes_sent=sent, rtt_s=rtt, bandwidth_Bps=8e4 if rtt else None, lost=lost,
+        ))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("cfg", [INF, BY_OBS], ids=["inf", "observations"])
+def test_the_sql_reads_every_kind_of_trace_as_observations_does(
+    r: redis.Redis, pool: ConnectionPool, db: str, conn: Any, cfg: ProfileSettings
+) -> None:
+    """coordinator.core.observations.observations is the one reading of a trace; the SQL
+    (recompute and the harvester's link rows) must agree with it on every failure kind
+    and delivery flag."""
+    now = time.time()
+    traces = every_kind_of_trace(now)
+    store = RedisStore(r, cfg)
+    for t in traces:
+        record(store, t, cfg)
+    last = r.xinfo_stream(keys.TRACES)["last-generated-id"].decode()
+    drain(Harvester(r, pool, hsettings(), "h"))
+    cands, links = aggregate(conn, last, _ts(now - 3600), _ts(now + 10**6), cfg)
+    want_c, want_l = expected(traces, stream_order(db), cfg)
+    assert sorted(cands) == sorted(want_c) and sorted(links) == sorted(want_l)
+    for c in want_c:
+        assert_same(cands[c], want_c[c], c)
+    for lk in want_l:
+        assert_same(links[lk], want_l[lk], lk)
+    # Every kind is in the grid, and each counts where observations says it does.
+    read = [observations(t)[0] for t in traces]
+    assert sum(p.observations for p in want_c.values()) == len(traces) * 5 // 6  # not cancelled
+    assert sum(1 for o in read if o and o.failure is None) == len(traces) // 3  # ok and taken
+    assert sum(1 for o in read if o and not o.delivered) == 4  # network, no rtt measured
+    linked = sorted(t.member_id for t in traces if observations(t)[1])
+    with psycopg.connect(db) as pg:
+        stored = pg.execute("SELECT member_id FROM link_observations ORDER BY 1").fetchall()
+    assert [m for (m,) in stored] == linked
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -383,8 +429,8 @@ class Writers:
     """Threads recording random outcomes through RedisStore.record_outcome; the last
     fifth of each writer's outcomes waits for ``gate``."""
 
-    def __init__(self, n: int, per_writer: int) -> None:
-        self.n, self.per_writer = n, per_writer
+    def __init__(self, redis_url: str, n: int, per_writer: int) -> None:
+        self.redis_url, self.n, self.per_writer = redis_url, n, per_writer
         self.traces: list[MemberTrace] = []
         self.errors: list[BaseException] = []
         self.lock = threading.Lock()
@@ -393,7 +439,7 @@ class Writers:
         self.threads = [threading.Thread(target=self.write, args=(w,)) for w in range(n)]
 
     def write(self, w: int) -> None:
-        rng, store = random.Random(w), RedisStore(redis.Redis.from_url(REDIS_URL))
+        rng, store = random.Random(w), RedisStore(redis.Redis.from_url(self.redis_url))
         try:
             for k in range(self.per_writer):
                 if k == self.per_writer * 4 // 5:
@@ -426,11 +472,17 @@ def recompute_during(r: redis.Redis, conn: Any, s: HacoSettings, ws: Writers) ->
     return results
 
 
+def test_recompute_needs_an_autocommit_connection(r: redis.Redis, db: str) -> None:
+    with psycopg.connect(db) as tx, pytest.raises(InputError, match=r"recompute .*autocommit"):
+        recompute(r, tx, hsettings())
+    assert r.get(keys.PROFILE_EPOCH) is None  # refused before sealing anything
+
+
 def test_recompute_while_outcomes_arrive_counts_each_exactly_once(
-    r: redis.Redis, pool: ConnectionPool, db: str, conn: Any
+    r: redis.Redis, redis_url: str, pool: ConnectionPool, db: str, conn: Any
 ) -> None:
     s = hsettings()
-    ws = Writers(4, 150)
+    ws = Writers(redis_url, 4, 150)
     stop = threading.Event()
     harvesting = threading.Thread(target=Harvester(r, pool, s, "h-e2e").run, args=(stop,))
     for t in [*ws.threads, harvesting]:
@@ -441,9 +493,7 @@ def test_recompute_while_outcomes_arrive_counts_each_exactly_once(
         for t in ws.threads:
             t.join()
         assert ws.errors == []
-        deadline = time.monotonic() + 20
-        while r.xlen(keys.TRACES) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for("the harvester to drain the stream", lambda: r.xlen(keys.TRACES) == 0, 20)
     finally:
         ws.gate.set()
         stop.set()
@@ -452,7 +502,7 @@ def test_recompute_while_outcomes_arrive_counts_each_exactly_once(
     traces = ws.traces
     assert len(traces) == ws.n * ws.per_writer
     want_c, want_l = expected(traces, stream_order(db), INF)
-    by_cand = {c: sum(1 for t in traces if t.candidate_id == c and observation_from_trace(t))
+    by_cand = {c: sum(1 for t in traces if t.candidate_id == c and observations(t)[0])
                for c in ZONES}  # fmt: skip
     assert {c: p.calls for c, p in want_c.items()} == by_cand
     store = RedisStore(r)
@@ -507,7 +557,7 @@ def test_a_recompute_waits_for_the_harvester_and_the_next_one_resumes_its_seal(
     assert not r.exists(keys.PROFILE_SEAL)
     view = store.load_view(["c0"], [])
     assert view.version == res.version and view.snapshot_epoch == 0
-    n = sum(1 for t in ok if observation_from_trace(t))
+    n = sum(1 for t in ok if observations(t)[0])
     assert view.candidates["c0"].calls == n == mid.candidates["c0"].calls
 
 
@@ -542,14 +592,14 @@ def test_memory_store_records_an_outcome_like_the_three_calls() -> None:
     a, b = MemoryStore(), MemoryStore()
     for i in range(30):
         t = make_trace(i, rng.choice(list(ZONES)), rng, 1000.0 + i)
-        obs, lo = observation_from_trace(t), link_observation_from_trace(t)
+        obs, legs = observations(t)
         lid = link_id(t.caller_zone, t.zone)
-        a.record_outcome(t.candidate_id, obs, lid, t.caller_zone, t.zone, [lo] if lo else [],
+        a.record_outcome(t.candidate_id, obs, lid, t.caller_zone, t.zone, legs,
                          f"r{i}", INF, LIMITS)  # fmt: skip
         if obs is not None:
             b.update_candidate(t.candidate_id, obs, INF, 1.0)
-        if lo is not None:
-            b.update_link(lid, t.caller_zone, t.zone, [lo], INF, 1.0)
+        if legs:
+            b.update_link(lid, t.caller_zone, t.zone, legs, INF, 1.0)
         b.append_trace(f"r{i}", LIMITS.trace_maxlen, 1.0)
     assert (a.candidates, a.links, a.traces) == (b.candidates, b.links, b.traces)
 
@@ -558,7 +608,7 @@ def test_memory_store_records_an_outcome_like_the_three_calls() -> None:
 
 
 def test_profiles_and_recompute_commands(
-    r: redis.Redis, pool: ConnectionPool, db: str, monkeypatch: pytest.MonkeyPatch
+    r: redis.Redis, redis_url: str, pool: ConnectionPool, db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cands = [c for c in default_pool().candidates if c.role == "coder"][:2]
     rng, now = random.Random(5), time.time()
@@ -568,7 +618,7 @@ def test_profiles_and_recompute_commands(
         t = make_trace(i, "c0", rng, now).model_copy(update={"candidate_id": c.id, "zone": c.zone})
         record(store, t)
     drain(Harvester(r, pool, hsettings(), "h"))
-    monkeypatch.setattr(cli_profiles, "_redis", lambda s: redis.Redis.from_url(REDIS_URL))
+    monkeypatch.setattr(cli_profiles, "_redis", lambda s: redis.Redis.from_url(redis_url))
     monkeypatch.setenv("HACO_DATABASE_URL", db)
     runner = CliRunner()
     res = runner.invoke(app, ["recompute"])
@@ -592,7 +642,7 @@ def test_profiles_and_recompute_commands(
 
 def test_the_celery_app_schedules_the_recompute() -> None:
     s = HacoSettings(recompute_interval_s=15.0)
-    celery_app = create_app(s, REDIS_URL)
+    celery_app = create_app(s, UNREACHABLE_REDIS_URL)  # nothing connects: config only
     # Every task is defined with shared=False, so apps created earlier in this process
     # add no copies (Celery would warn about duplicate task names, an error here).
     assert RECOMPUTE_TASK in celery_app.tasks
@@ -603,25 +653,25 @@ def test_the_celery_app_schedules_the_recompute() -> None:
 
 
 def test_the_recompute_task_runs_one_recompute(
-    r: redis.Redis, db: str, monkeypatch: pytest.MonkeyPatch
+    r: redis.Redis, redis_url: str, db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tasks: dict[str, Callable[[], None]] = {}
     fake = SimpleNamespace(
         conf=SimpleNamespace(beat_schedule=None),
         task=lambda **opts: lambda fn: tasks.setdefault(opts["name"], fn),
     )
-    register_maintenance(fake, HacoSettings(database_url=db), REDIS_URL)
+    register_maintenance(fake, HacoSettings(database_url=db), redis_url)
     tasks[RECOMPUTE_TASK]()
     assert epochs.snapshot_meta(r) is not None
 
 
-def test_the_retention_task_keeps_partitions_ahead(db: str) -> None:
+def test_the_retention_task_keeps_partitions_ahead(db: str, redis_url: str) -> None:
     tasks: dict[str, Callable[[], None]] = {}
     fake = SimpleNamespace(
         conf=SimpleNamespace(beat_schedule=None),
         task=lambda **opts: lambda fn: tasks.setdefault(opts["name"], fn),
     )
-    register_maintenance(fake, HacoSettings(database_url=db, retention_interval_s=60.0), REDIS_URL)
+    register_maintenance(fake, HacoSettings(database_url=db, retention_interval_s=60.0), redis_url)
     assert fake.conf.beat_schedule[RETENTION_ENTRY]["schedule"] == 60.0
     tasks[RETENTION_TASK]()
     with psycopg.connect(db) as c:
@@ -636,8 +686,9 @@ def test_the_retention_task_keeps_partitions_ahead(db: str) -> None:
 
 
 def test_the_worker_counts_what_the_recompute_reads_from_its_trace() -> None:
-    """workers.member folds a BackendResult; the recompute reads the trace it appended.
-    Both must give the same observation, or every adoption would shift the profiles."""
+    """workers.member folds the reading of the trace it appends (with the link legs its
+    backend measured); the recompute reads the same trace. ``delivered`` is not traced:
+    the reading's inference must agree with what the backend knew."""
     from workers.backends.base import BackendResult
     from workers.member import (
         MemberContext,
@@ -673,16 +724,23 @@ def test_the_worker_counts_what_the_recompute_reads_from_its_trace() -> None:
         )  # fmt: skip
         outcome = _commit_once(task, None, res, ctx)  # type: ignore[arg-type]
         report = _report(task, outcome, 1000.0 + i, 1000.5 + i, _status(outcome))
-        _harvest(task, res, report, ctx)
+        _harvest(task, res.link_observations, report, ctx)
         traces.append(report.trace)
-    assert "already taken" in (traces[-1].failure_reason or "")
+        obs = observations(report.trace)[0]
+        assert obs is None or obs.delivered == res.delivered, i
+    assert traces[-1].failure_kind is FailureKind.IDEMPOTENCY_TAKEN
+    assert "already taken" in (traces[-1].failure_reason or "")  # for people, not code
     want = reduce(
         lambda p, o: update_candidate(p, o, INF),
-        [o for o in map(observation_from_trace, traces) if o is not None],
+        [o for o in (observations(t)[0] for t in traces) if o is not None],
         CandidateProfile(cand.id),
     )
     assert_same(store.candidates[cand.id], want)
     assert want.calls == 5 and want.successes == 2 and want.delivered == 4
+    # The worker folds the measured legs (both, of the first call only: the others
+    # measured none), never the single one its trace records.
+    link = reduce(lambda p, o: update_link(p, o, INF), legs, LinkProfile("local", cand.zone))
+    assert store.links == {link_id("local", cand.zone): link}
 
 
 def test_waiting_for_the_harvester_times_out_on_the_injected_clock(r: redis.Redis) -> None:

@@ -32,11 +32,25 @@ from coordinator.errors import (
     NotIdempotentError,
     UnknownRoleError,
     UnknownZoneError,
+    WinnerConflictError,
 )
 from coordinator.runtime.pool import Pool, default_pool, load_pool, sim_scenario
-from coordinator.state.store import CANCELLED, RESOLVED
-from schemas.enums import LaunchMode, MemberStatus, StopReason, WinnerMode
-from schemas.models import BackendSpec, Candidate, MemberTask, Message, RoleInvocation
+from schemas.enums import (
+    GroupSignal,
+    GroupState,
+    LaunchMode,
+    MemberStatus,
+    StopReason,
+    WinnerMode,
+)
+from schemas.models import (
+    BackendSpec,
+    Candidate,
+    GroupVerdict,
+    MemberTask,
+    Message,
+    RoleInvocation,
+)
 from schemas.pool import PoolConfig, SimSection
 from workers.backends.base import Backend
 from workers.backends.simulated import SimBackend
@@ -121,7 +135,7 @@ def test_all_failed_carries_every_members_reason(
         rt.invoke(winner_mode=mode)
     gid = str(info.value.group_id)
     assert info.value.failures == {f"{gid}.{r}": f"scripted failure of c{r}" for r in range(3)}
-    assert rt.store.group_state(gid) == CANCELLED
+    assert rt.store.group_state(gid) is GroupSignal.CANCELLED
     assert rt.store.metrics()["state:all_failed"] == 1
 
 
@@ -153,7 +167,7 @@ def test_deadline_lists_every_member(make_runtime: MakeRuntime) -> None:
         f"{gid}.1": late,
         f"{gid}.2": late,
     }
-    assert rt.store.group_state(gid) == CANCELLED
+    assert rt.store.group_state(gid) is GroupSignal.CANCELLED
     assert rt.store.candidates["c1"].deadline_failures == 1  # the lost member is profiled
     rt.reports()
     assert rt.backend.stopped == {"c1", "c2"}  # the cancel flag reached the running members
@@ -168,7 +182,7 @@ def test_cancel_losers_stops_them(make_runtime: MakeRuntime) -> None:
     result = rt.invoke()
     assert result.candidate_id == "c0"
     assert [m.status for m in result.members[1:]] == [MemberStatus.CANCELLED] * 2
-    assert rt.store.group_state(result.group_id) == CANCELLED
+    assert rt.store.group_state(result.group_id) is GroupSignal.CANCELLED
     reports = rt.reports()
     assert [reports[r].trace.status for r in (1, 2)] == [MemberStatus.CANCELLED] * 2
     assert reports[1].trace.failure_reason == "stopped by the cancel flag"
@@ -180,7 +194,7 @@ def test_kept_losers_finish_and_are_harvested(make_runtime: MakeRuntime) -> None
     rt = scripted(make_runtime, Step(0.005), late, late, cancel_losers=False)
     result = rt.invoke()
     assert result.candidate_id == "c0"
-    assert rt.store.group_state(result.group_id) == RESOLVED
+    assert rt.store.group_state(result.group_id) is GroupSignal.RESOLVED
     reports = rt.reports()
     assert [reports[r].trace.status for r in (1, 2)] == [MemberStatus.SUCCEEDED] * 2
     assert rt.backend.before(RETURNED, ("finish", "c1"))
@@ -211,7 +225,7 @@ def member_task(group_id: str, zone: str = "local") -> MemberTask:
 def test_a_member_of_a_cancelled_or_gone_group_never_starts(make_runtime: MakeRuntime) -> None:
     rt = scripted(make_runtime, Step(0.005))
     rt.store.open_group("g-cancelled", 60.0)
-    rt.store.set_group_state("g-cancelled", CANCELLED, 60.0)
+    rt.store.set_group_state("g-cancelled", GroupSignal.CANCELLED, 60.0)
     rt.dispatcher.send("local", member_task("g-cancelled"))
     rt.dispatcher.send("local", member_task("g-gone"))  # never opened (or expired)
     rt.dispatcher.close()
@@ -371,3 +385,45 @@ def test_experience_narrows_the_hedge_set(make_runtime: MakeRuntime) -> None:
     )
     assert all(cands[c].calls > 0 for c in ids)
     assert all(link.transmissions > 0 for link in links.values()) and len(links) == 2
+
+
+# ---------------------------------------------------------------- (k) verdicts
+
+
+def verdicts(rt: Runtime) -> dict[str, GroupVerdict]:
+    found = [GroupVerdict.model_validate_json(v) for v in rt.store.verdicts]
+    return {v.group_id: v for v in found}
+
+
+def test_every_close_records_the_verdict(make_runtime: MakeRuntime) -> None:
+    late = Step(0.005, after=(RETURNED,))
+    rt = scripted(make_runtime, Step(0.005, ok=False), Step(0.005), late)
+    won = rt.invoke()  # ranked: rank 0's failure is in before rank 1 can win
+    v = verdicts(rt)[won.group_id]
+    assert (v.state, v.winner_member, v.role) == (GroupState.WON, won.winner_id, ROLE)
+    assert (v.p_success, v.stop, v.latency_s) == (won.p_success, won.stop, won.latency_s)
+    assert (v.launch_mode, v.winner_mode) == (LaunchMode.PARALLEL, WinnerMode.RANKED)
+    counts = (v.planned, v.launched, v.succeeded, v.failed, v.running, v.cancelled)
+    assert counts == (3, 3, 1, 1, 1, 0) and v.decided_at_s >= v.started_at_s
+    rt.reports()
+    failing = scripted(make_runtime, *(Step(0.005, ok=False) for _ in range(2)))
+    with pytest.raises(AllFailedError) as info:
+        failing.invoke()
+    v = verdicts(failing)[str(info.value.group_id)]
+    assert (v.state, v.winner_member, v.failed, v.launched) == (GroupState.ALL_FAILED, None, 2, 2)
+    slow = scripted(make_runtime, Step(SLOW), Step(SLOW))
+    with pytest.raises(DeadlineError) as late_info:
+        slow.invoke(deadline_s=0.05)
+    v = verdicts(slow)[str(late_info.value.group_id)]
+    assert (v.state, v.timed_out, v.launched) == (GroupState.DEADLINE, 2, 2)
+
+
+def test_a_group_claimed_elsewhere_declares_no_second_winner(make_runtime: MakeRuntime) -> None:
+    rt = scripted(make_runtime, Step(0.005), Step(0.005), Step(0.005))
+    rt.coordinator.new_id = lambda: "g-fixed"
+    assert rt.store.claim_winner("g-fixed", "g-fixed.2", 60.0)  # another process got there
+    with pytest.raises(WinnerConflictError) as info:
+        rt.invoke()
+    assert (info.value.winner, info.value.holder) == ("g-fixed.0", "g-fixed.2")
+    assert rt.store.winners == {"g-fixed": "g-fixed.2"}
+    assert rt.store.verdicts == [] and rt.store.metrics() == {}  # nothing of ours recorded

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from coordinator.core.stagger import Launch, Launcher, LaunchReason
+from coordinator.errors import PolicyError
 from schemas.enums import LaunchMode
 
 START = 1000.0
@@ -193,5 +194,5 @@ def test_size_one_never_launches_a_second_member(mode: LaunchMode) -> None:
 
 
 def test_an_empty_group_is_refused() -> None:
-    with pytest.raises(ValueError, match="size=0"):
+    with pytest.raises(PolicyError, match="size=0"):
         Launcher(LaunchMode.STAGGERED, 0, DELAY, START)

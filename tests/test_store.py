@@ -1,10 +1,10 @@
-"""Shared runtime state (coordinator.state.store): every test runs on Redis (db 14) and on the
-in-memory store, which must keep the same semantics."""
+"""Shared runtime state (coordinator.state.store): every test runs on Redis (this run's own
+database, tests/services.py) and on the in-memory store, which must keep the same semantics."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
@@ -26,23 +26,16 @@ from coordinator.errors import StoreError
 from coordinator.runtime.ports import RuntimeStore
 from coordinator.state import keys
 from coordinator.state.memstore import MemoryStore
-from coordinator.state.store import CANCELLED, OPEN, RESOLVED, RedisStore
-from schemas.enums import FailureKind
+from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, RedisStore
+from schemas.enums import FailureKind, GroupSignal
 
-REDIS_URL = "redis://127.0.0.1:6379/14"
 TTL = 60.0
 DECAYING = ProfileSettings(half_life=7.0, decay_unit=DecayUnit.OBSERVATIONS)
 
 
 @pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(REDIS_URL)  # bytes in, bytes out, as RedisStore requires
-    c.flushdb()
-    try:
-        yield c
-    finally:
-        c.flushdb()
-        c.close()
+def client(redis_db: redis.Redis) -> redis.Redis:
+    return redis_db  # bytes in, bytes out, as RedisStore requires
 
 
 @pytest.fixture(params=["redis", "memory"])
@@ -86,11 +79,11 @@ def link_batches() -> list[list[LinkObservation]]:
 
 def test_group_state_open_get_set(store: RuntimeStore) -> None:
     store.open_group("g1", TTL)
-    assert store.group_state("g1") == OPEN
-    store.set_group_state("g1", RESOLVED, TTL)
-    assert store.group_state("g1") == RESOLVED
-    store.set_group_state("g1", CANCELLED, TTL)
-    assert store.group_state("g1") == CANCELLED
+    assert store.group_state("g1") is GroupSignal.OPEN
+    store.set_group_state("g1", GroupSignal.RESOLVED, TTL)
+    assert store.group_state("g1") is GroupSignal.RESOLVED
+    store.set_group_state("g1", GroupSignal.CANCELLED, TTL)
+    assert store.group_state("g1") is GroupSignal.CANCELLED
     assert store.group_state("g2") is None  # other groups are untouched
 
 
@@ -155,6 +148,66 @@ def test_idempotency_claim_returns_the_first_holder_to_everyone(store: RuntimeSt
     assert store.claim_idempotency("pay-42", "g.0", TTL) == "g.2"
     assert store.claim_idempotency("pay-42", "g.2", TTL) == "g.2"
     assert store.claim_idempotency("pay-43", "g.0", TTL) == "g.0"
+
+
+LIMITS = CloseLimits(TTL, TTL, 1000, TTL)
+
+
+def close(group: str, winner: str | None, verdict: str, **counts: int) -> GroupClose:
+    return GroupClose(group, GroupSignal.RESOLVED, winner, counts, verdict)
+
+
+def verdicts(store: RuntimeStore) -> list[str]:
+    if isinstance(store, MemoryStore):
+        return list(store.verdicts)
+    assert isinstance(store, RedisStore)
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = store.r.xrange(keys.TRACES)  # type: ignore[assignment]
+    field = keys.VERDICT_FIELD.encode()
+    return [fields[field].decode() for _, fields in entries if field in fields]
+
+
+def test_a_group_closes_once_and_keeps_its_first_outcome(store: RuntimeStore) -> None:
+    store.open_group("g", TTL)
+    assert store.close_group(close("g", "g.1", "v1", invocations=1), LIMITS) == GroupClosed(
+        True, "g.1"
+    )
+    again = GroupClose("g", GroupSignal.CANCELLED, "g.0", {"invocations": 1}, "v2")
+    assert store.close_group(again, LIMITS) == GroupClosed(False, "g.1")  # nothing written
+    assert store.group_state("g") is GroupSignal.RESOLVED
+    assert store.metrics() == {"invocations": 1}
+    assert verdicts(store) == ["v1"]
+    assert store.claim_winner("g", "g.2", TTL) is False
+    # Closed without a winner: a later close with one is refused all the same.
+    assert store.close_group(close("h", None, "v3"), LIMITS) == GroupClosed(True, None)
+    assert store.close_group(close("h", "h.0", "v4"), LIMITS) == GroupClosed(False, None)
+    # Claimed by another process first: its winner holds, nothing of this close lands.
+    assert store.claim_winner("k", "k.3", TTL)
+    assert store.close_group(close("k", "k.0", "v5", invocations=1), LIMITS) == GroupClosed(
+        False, "k.3"
+    )
+    assert verdicts(store) == ["v1", "v3"] and store.metrics() == {"invocations": 1}
+    if isinstance(store, RedisStore):  # state, winner, metrics, the stream: all expire
+        names = store.r.keys("*")
+        assert len(names) == 7 and all(store.r.pttl(k) > 0 for k in names)
+
+
+def test_racing_closes_have_one_outcome(store: RuntimeStore) -> None:
+    barrier = threading.Barrier(8)
+    results: list[GroupClosed] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        results.append(store.close_group(close("race", f"race.{i}", f"v{i}", n=1), LIMITS))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    applied = [r for r in results if r.applied]
+    assert len(applied) == 1 and store.metrics() == {"n": 1}
+    assert {r.winner_member for r in results} == {applied[0].winner_member}
+    assert verdicts(store) == [f"v{applied[0].winner_member[5:]}"]  # type: ignore[index]
 
 
 # ---------------------------------------------------------------- profiles
@@ -243,7 +296,7 @@ def test_metrics_accumulate(store: RuntimeStore) -> None:
 def test_every_redis_key_has_a_ttl(client: redis.Redis) -> None:
     store = RedisStore(client)
     store.open_group("g", TTL)
-    store.set_group_state("g", RESOLVED, TTL)
+    store.set_group_state("g", GroupSignal.RESOLVED, TTL)
     store.push_reply("g", "a", TTL)
     store.push_reply("g", "b", TTL)
     store.pop_reply("g", 0.05)
@@ -261,7 +314,7 @@ def test_every_redis_key_has_a_ttl(client: redis.Redis) -> None:
 OPERATIONS: list[tuple[str, Callable[[RedisStore], Any]]] = [
     ("open a group", lambda s: s.open_group("g", TTL)),
     ("read a group state", lambda s: s.group_state("g")),
-    ("set a group state", lambda s: s.set_group_state("g", CANCELLED, TTL)),
+    ("set a group state", lambda s: s.set_group_state("g", GroupSignal.CANCELLED, TTL)),
     ("push a reply", lambda s: s.push_reply("g", "r", TTL)),
     ("wait for a reply", lambda s: s.pop_reply("g", 0.05)),
     ("pop a reply", lambda s: s.pop_reply("g", 0.0)),

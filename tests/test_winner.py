@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core.winner import PENDING, Report, Resolution, resolve, verdict
+from coordinator.errors import PolicyError
 from schemas.enums import WinnerMode
 
 
@@ -121,7 +122,7 @@ def test_report_exactly_at_deadline_is_in_time() -> None:
 
 
 def test_empty_group_is_rejected() -> None:
-    with pytest.raises(ValueError, match="at least one member"):
+    with pytest.raises(PolicyError, match="at least one member"):
         resolve(WinnerMode.RANKED, [])
 
 

@@ -32,20 +32,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.config import HacoSettings
 from coordinator.core.params import ProfileSettings
-from coordinator.errors import ConfigError, DatabaseError, InputError
+from coordinator.errors import ConfigError, DatabaseError, InputError, ScoreError
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
+from coordinator.tracestore.db import require_autocommit
 from schemas.models import Candidate, Identifier, MemberTask, Message, NonNegative
 from schemas.pool import DEFAULT_JUDGE_PROMPT, import_callable
 from schemas.scenario import Scenario
 from workers.backends.base import Backend
 
 PROFILE_TTL_S = HacoSettings.model_fields["profile_ttl_s"].default
-
-
-class ScoreError(InputError):
-    """A scorer gave no usable score (an unparseable evaluator answer, a value outside
-    [0, 1], a failed evaluator call). The reason is logged and counted; nothing is applied."""
 
 
 class JudgeTask(BaseModel):
@@ -260,8 +256,7 @@ def apply_judgement(
     and, only if this call updated the row, apply it to the candidate's Beta. ``pg_conn``
     must be in autocommit mode, so the row is committed before the profile changes."""
     q = checked_score(score, f"the judgement of member {member_id!r}")
-    if not pg_conn.autocommit:
-        raise InputError("apply_judgement needs an autocommit connection (commit, then Redis)")
+    require_autocommit(pg_conn, "apply_judgement")  # commit, then Redis
     try:
         updated = pg_conn.execute(_UPDATE, (q, member_id, finished_at, candidate_id)).fetchone()
     except psycopg.Error as exc:

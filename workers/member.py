@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 
 from coordinator.config import HacoSettings
 from coordinator.core.evidence import link_id
+from coordinator.core.observations import observations
 from coordinator.core.params import ProfileSettings
-from coordinator.core.profiles import CandidateObservation
+from coordinator.core.profiles import LinkObservation
 from coordinator.runtime.ports import DelayWindow, RuntimeStore
-from coordinator.state.store import CANCELLED, OutcomeLimits
-from schemas.enums import FailureKind, MemberStatus
+from coordinator.state.store import OutcomeLimits
+from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.backends.base import Backend, BackendResult
 
@@ -54,7 +55,7 @@ def _not_started(task: MemberTask, kind: FailureKind, reason: str, now: float) -
 def _status(result: BackendResult) -> MemberStatus:
     if result.failure is None:
         return MemberStatus.SUCCEEDED
-    if result.failure in (FailureKind.CANCELLED,):
+    if result.failure in (FailureKind.CANCELLED, FailureKind.IDEMPOTENCY_TAKEN):
         return MemberStatus.CANCELLED
     if result.failure is FailureKind.DEADLINE:
         return MemberStatus.TIMED_OUT
@@ -101,7 +102,7 @@ def _report(
 def execute_member(task: MemberTask, ctx: MemberContext) -> MemberReport:
     store, now = ctx.store, ctx.clock()
     state = store.group_state(task.group_id)
-    if state is None or state == CANCELLED:
+    if state is None or state is GroupSignal.CANCELLED:
         # Never started: the group is gone or cancelled. Its reply still goes back so a
         # waiting coordinator knows; no profile learns from a call that did not happen.
         report = _not_started(task, FailureKind.CANCELLED, f"group {state or 'gone'}", now)
@@ -112,14 +113,14 @@ def execute_member(task: MemberTask, ctx: MemberContext) -> MemberReport:
         _reply(task, report, ctx)
         return report
     backend = ctx.backends(task)
-    result = backend.call(task, lambda: store.group_state(task.group_id) == CANCELLED)
+    result = backend.call(task, lambda: store.group_state(task.group_id) is GroupSignal.CANCELLED)
     outcome = _commit_once(task, backend, result, ctx)
     finished = ctx.clock()
     report = _report(task, outcome, now, finished, _status(outcome))
     _reply(task, report, ctx)
-    # Profiles learn from what the call did, even when its side effect was not
-    # committed because another member held the idempotency key first.
-    _harvest(task, result, report, ctx)
+    # Profiles learn from what the call did (coordinator.core.observations), even when its
+    # side effect was not committed because another member held the idempotency key first.
+    _harvest(task, result.link_observations, report, ctx)
     _send_to_judge(task, report, ctx)
     return report
 
@@ -146,7 +147,7 @@ def _commit_once(
     holder = ctx.store.claim_idempotency(task.idempotency_key, task.member_id, ttl)
     if holder != task.member_id:
         return BackendResult(
-            FailureKind.CANCELLED,
+            FailureKind.IDEMPOTENCY_TAKEN,
             f"idempotency key {task.idempotency_key!r} already taken by {holder}",
             quality=result.quality,  # the output was judged: the trace keeps it for recompute
             tokens_in=result.tokens_in,
@@ -163,24 +164,14 @@ def _reply(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:
 
 
 def _harvest(
-    task: MemberTask, res: BackendResult, report: MemberReport, ctx: MemberContext
+    task: MemberTask, measured: list[LinkObservation], report: MemberReport, ctx: MemberContext
 ) -> None:
+    """What the trace tells (the one reading, with the link legs the backend measured)
+    into the shared profiles, a success's latency into the hedge-delay window."""
     s = ctx.settings
-    failure = res.failure
-    obs, legs = None, []
-    if failure is not FailureKind.CANCELLED:
-        obs = CandidateObservation(
-            at_s=report.trace.finished_at_s,
-            delivered=res.delivered,
-            failure=failure,
-            quality=res.quality if failure is None else None,
-            proc_latency_s=res.proc_latency_s if failure is None else None,
-            tokens_in=res.tokens_in,
-            tokens_out=res.tokens_out,
-        )
-        legs = res.link_observations
-        if failure is None and ctx.delays is not None:
-            ctx.delays.record(task.candidate.role, report.trace.latency_s)
+    obs, legs = observations(report.trace, measured)
+    if obs is not None and obs.failure is None and ctx.delays is not None:
+        ctx.delays.record(task.candidate.role, report.trace.latency_s)
     # Profiles and trace in one transaction: the trace's stream id and the profile epoch
     # it was counted in agree, which the periodic recompute relies on (coordinator.state.epochs).
     src, dst = task.caller_zone, task.candidate.zone

@@ -120,7 +120,9 @@ def _stream_rows(settings: HacoSettings, n: int) -> list[dict[str, Any]]:
         client.close()
     rows = []
     for entry_id, fields in reversed(entries):
-        raw = fields.get(b"report", b"")
+        if keys.VERDICT_FIELD.encode() in fields:
+            continue  # a group's verdict (stored in invocations), not a member's trace
+        raw = fields.get(keys.REPORT_FIELD.encode(), b"")
         try:
             trace = MemberReport.model_validate_json(raw).trace.model_dump(mode="json")
         except ValidationError as exc:

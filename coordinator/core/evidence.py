@@ -17,6 +17,7 @@ import numpy as np
 
 from coordinator.core.methods import PoolView
 from coordinator.core.params import ProfileSettings
+from coordinator.core.percentiles import median
 from coordinator.core.policy import CandidateArrays
 from coordinator.core.profiles import CandidateProfile, LinkProfile
 
@@ -30,15 +31,6 @@ def link_id(src_zone: str, dst_zone: str) -> str:
 class PoolMember:
     candidate_id: str
     zone: str
-
-
-def _median(values: list[float], default: float) -> float:
-    if not values:
-        return default
-    ordered = sorted(values)
-    n = len(ordered)
-    mid = n // 2
-    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 def build_arrays(
@@ -76,11 +68,11 @@ def build_arrays(
                 bw[i] = link.bandwidth.mean
                 jit[i] = link.bandwidth.std
     known_t = [t for t in t_proc if t is not None]
-    t_default = _median(known_t, settings.cold_t_proc_s)
+    t_default = median(known_t, settings.cold_t_proc_s)
     known_bw = [b for b in bw if b is not None]
     known_jit = [j for j in jit if j is not None]
-    bw_default = _median(known_bw, math.inf)
-    jit_default = _median(known_jit, 0.0)
+    bw_default = median(known_bw, math.inf)
+    jit_default = median(known_jit, 0.0)
     return CandidateArrays(
         alpha=alpha,
         beta=beta,

@@ -136,18 +136,25 @@ class FirstCandidate:
         return _single(0)
 
 
+# The full method and the paper's ablations (spec §7): what each switches off. The one
+# list of their names; as methods of the simulator they are "haco" and "haco-<variant>".
+HACO_VARIANTS: dict[str, dict[str, object]] = {
+    "haco": {},
+    "wo_env": {"use_env": False},
+    "wo_ucb": {"lam": 0.0},
+    "wo_lcb": {"use_lcb": False},
+}
+HACO_METHODS = tuple(v if v == "haco" else f"haco-{v}" for v in HACO_VARIANTS)
+
+
 def haco_variant(params: PolicyParams, variant: str) -> Haco:
     """The full method or one of the paper's ablations (spec §7)."""
-    match variant:
-        case "haco":
-            return Haco(params, "haco")
-        case "wo_env":
-            return Haco(params.model_copy(update={"use_env": False}), "wo_env")
-        case "wo_ucb":
-            return Haco(params.model_copy(update={"lam": 0.0}), "wo_ucb")
-        case "wo_lcb":
-            return Haco(params.model_copy(update={"use_lcb": False}), "wo_lcb")
-    raise InputError(f"unknown HACO variant {variant!r}; expected haco, wo_env, wo_ucb or wo_lcb")
+    if variant not in HACO_VARIANTS:
+        raise InputError(
+            f"unknown HACO variant {variant!r}; expected one of {', '.join(HACO_VARIANTS)}"
+        )
+    update = HACO_VARIANTS[variant]
+    return Haco(params.model_copy(update=update) if update else params, variant)
 
 
 BASELINES: dict[str, Callable[[], Method]] = {

@@ -57,11 +57,13 @@ class PlanRequest(BaseModel):
         seen: set[str] = set()
         for c in self.candidates:
             if c.id in seen:
-                raise ValueError(f"duplicate candidate id {c.id!r}")
+                raise PlanInputError(f"duplicate candidate id {c.id!r}; expected unique ids")
             seen.add(c.id)
         for cid in self.exclude:
             if cid not in seen:
-                raise ValueError(f"exclude names unknown candidate id {cid!r}")
+                raise PlanInputError(
+                    f"exclude names unknown candidate id {cid!r}; expected one of {sorted(seen)}"
+                )
         return self
 
 

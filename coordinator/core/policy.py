@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from coordinator.core.params import PolicyParams
+from coordinator.core.percentiles import median
 from coordinator.errors import PolicyError
 from schemas.enums import StopReason
 
@@ -134,7 +135,7 @@ def allocate(stats: CandidateArrays, params: PolicyParams) -> Allocation:
         rho = (1.0 - stats.f_int) * (1.0 - stats.loss)
         eff_bw = np.maximum(params.eps_b, stats.bandwidth_Bps - params.kappa * stats.jitter_Bps)
         T = stats.t_proc_s + stats.bytes / eff_bw
-        t0 = _median(T)
+        t0 = median(T)
         C = np.log1p(T / t0) if t0 > 0 else np.zeros_like(T)
         D = 1.0 + params.eta * C
     else:
@@ -172,16 +173,3 @@ def allocate(stats: CandidateArrays, params: PolicyParams) -> Allocation:
         u_plus=u_plus,
         r_minus=r_minus,
     )
-
-
-def _median(values: FloatArray) -> float:
-    """Median without np.median's overhead (it dominates the 6-candidate decision)."""
-    ordered = np.sort(values)
-    n = ordered.shape[0]
-    mid = n // 2
-    return float(ordered[mid]) if n % 2 else 0.5 * float(ordered[mid - 1] + ordered[mid])
-
-
-def conservative_p_success(r_minus: FloatArray) -> float:
-    """1 − Π(1 − R⁻) over a set, the rule's certificate for that set."""
-    return float(1.0 - np.prod(1.0 - r_minus))

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.percentiles import nearest_rank
 from coordinator.errors import InputError
 from schemas.enums import FailureKind
 
@@ -276,9 +277,7 @@ def latency_percentile(profile: CandidateProfile, q: float) -> float | None:
     """Nearest-rank percentile (q in [0, 100]) over the recent latency window."""
     if not profile.recent_latency_s:
         return None
-    ordered = sorted(profile.recent_latency_s)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[rank - 1]
+    return nearest_rank(profile.recent_latency_s, q)
 
 
 def _join(a: Moments, b: Moments) -> Moments:

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from coordinator.errors import PolicyError
 from schemas.enums import LaunchMode
 
 
@@ -40,7 +41,7 @@ class Launch:
 class Launcher:
     def __init__(self, mode: LaunchMode, size: int, delay_s: float, start_s: float) -> None:
         if size < 1:
-            raise ValueError(f"a hedge group needs at least one member, got size={size}")
+            raise PolicyError(f"size={size}; a hedge group needs at least one member")
         self.mode = mode
         self.size = size
         self.delay_s = delay_s

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from coordinator.errors import PolicyError
 from schemas.enums import WinnerMode
 
 
@@ -90,7 +91,7 @@ def resolve(
     A report after ``deadline_s`` counts as a timeout at the deadline.
     """
     if not reports:
-        raise ValueError("a hedge group needs at least one member")
+        raise PolicyError("no reports; a hedge group needs at least one member")
     effective: list[Report] = []
     late: list[int] = []
     for rank, rep in enumerate(reports):
@@ -100,9 +101,10 @@ def resolve(
         else:
             effective.append(rep)
     seen: list[Report | None] = [None] * len(reports)
+    v, at_s = PENDING, 0.0
     for rank in sorted(range(len(effective)), key=lambda r: (effective[r].at_s, r)):
         seen[rank] = effective[rank]
-        v = verdict(mode, seen)
-        if v.decided:
-            return Resolution(v.winner, effective[rank].at_s, tuple(late))
-    raise AssertionError("a complete set of reports always decides")  # pragma: no cover
+        v, at_s = verdict(mode, seen), effective[rank].at_s
+        if v.decided:  # at the latest with the last report: a complete set decides
+            break
+    return Resolution(v.winner, at_s, tuple(late))

@@ -5,8 +5,9 @@
     result.output, result.zone, result.members  # winner's output and every member
 
 Errors come from one tree (:mod:`coordinator.errors`): ``InputError`` for a bad call,
-``HedgeError`` (``AllFailedError``, ``DeadlineError``, ``NotIdempotentError``) when the
-invocation produced no result, ``ServiceError``/``StoreError`` when the services fail.
+``HedgeError`` (``AllFailedError``, ``DeadlineError``, ``NotIdempotentError``,
+``WinnerConflictError``) when the invocation produced no result,
+``ServiceError``/``StoreError`` when the services fail.
 """
 
 from __future__ import annotations

@@ -5,34 +5,42 @@
 The policy (:mod:`coordinator.core.methods`) decides who; :mod:`coordinator.core.stagger` decides
 when; :mod:`coordinator.core.winner` decides who won. This module carries the decisions
 out: it enqueues members through a :class:`Dispatcher`, waits for their reports on the
-group's reply list, claims the winner atomically, and cancels or keeps the losers.
+group's reply list, and closes the group in one atomic step
+(:meth:`RuntimeStore.close_group`): the winner claim, the signal that cancels or keeps the
+losers, and the verdict record (:func:`coordinator.runtime.group.group_verdict`) that the
+harvester stores in ``invocations``. A close that finds the group claimed by another
+process with another outcome declares nothing (:class:`WinnerConflictError`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from coordinator.config import HacoSettings
 from coordinator.core.evidence import PoolMember, build_view, link_id
-from coordinator.core.methods import Decision, Haco, PoolView
+from coordinator.core.methods import Haco, PoolView
 from coordinator.core.params import PolicyParams, ProfileSettings
 from coordinator.core.profiles import CandidateObservation
 from coordinator.core.stagger import Launch, Launcher
 from coordinator.core.winner import Report, Verdict, verdict
-from coordinator.errors import AllFailedError, DeadlineError, NotIdempotentError
-from coordinator.runtime.pool import CallSettings, Pool
+from coordinator.errors import (
+    AllFailedError,
+    DeadlineError,
+    NotIdempotentError,
+    WinnerConflictError,
+)
+from coordinator.runtime.group import Alarm, Group, group_verdict, metrics, summaries
+from coordinator.runtime.pool import Pool
 from coordinator.runtime.ports import DelayWindow, Dispatcher, HedgeBudget, RuntimeStore
 from coordinator.runtime.results import InvocationResult, MemberSummary
-from coordinator.state.store import CANCELLED, RESOLVED
-from schemas.enums import FailureKind, GroupState, LaunchMode, MemberStatus
+from coordinator.state.store import CloseLimits, GroupClose
+from schemas.enums import FailureKind, GroupSignal, GroupState, LaunchMode
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 
 Clock = Callable[[], float]
@@ -40,45 +48,6 @@ Clock = Callable[[], float]
 
 WAKE = "wake"  # a token on a group's reply list: a timer is due, not a report
 WAKE_SLACK_S = 0.05  # the pop's own timeout, only a fallback should a token be lost
-
-
-class _Alarm:
-    """One pending wake-up of a group; cancelled when replaced or when the group ends."""
-
-    def __init__(self, at_s: float = math.nan) -> None:
-        self.at_s = at_s
-        self._timer: threading.Timer | None = None
-
-    def start(self, delay_s: float, action: Callable[[], None]) -> None:
-        self._timer = threading.Timer(delay_s, action)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-@dataclass
-class _Group:
-    id: str
-    role: str
-    call: CallSettings
-    decision: Decision
-    candidates: list[Candidate]  # in rank order
-    t0: float
-    deadline_at: float
-    launcher: Launcher
-    payload: RoleInvocation
-    request_bytes: int
-    reports: list[MemberReport | None] = field(default_factory=list)
-    launched_at: list[float | None] = field(default_factory=list)
-    backups: int = 0
-    alarm: _Alarm = field(default_factory=_Alarm)
-
-    def member_id(self, rank: int) -> str:
-        return f"{self.id}.{rank}"
 
 
 class Coordinator:
@@ -120,7 +89,7 @@ class Coordinator:
         view = build_view(members, caller, profiles, links, request_bytes, self.profile_settings)
         return cands, view
 
-    def _plan(self, inv: RoleInvocation) -> _Group:
+    def _plan(self, inv: RoleInvocation) -> Group:
         call = self.pool.call_settings(inv, self.settings, self.params)
         request_bytes = len("".join(m.content for m in inv.payload).encode("utf-8"))
         cands, view = self.view(inv.role, request_bytes)
@@ -139,7 +108,7 @@ class Coordinator:
         delay_s = self.delays.delay_s(inv.role) if staggered else math.inf
         launcher = Launcher(call.launch_mode, len(members), delay_s, t0)
         n = len(members)
-        return _Group(
+        return Group(
             id=self.new_id(),
             role=inv.role,
             call=call,
@@ -164,7 +133,7 @@ class Coordinator:
         v = self._wait(g)
         return self._finish(g, v)
 
-    def _launch(self, g: _Group, launch: Launch) -> None:
+    def _launch(self, g: Group, launch: Launch) -> None:
         now = self.clock()
         if launch.charged:
             # A backup costs at least its input tokens; output tokens are not known yet.
@@ -190,6 +159,7 @@ class Coordinator:
         )
         g.launched_at[launch.rank] = now
         g.launcher.on_launch(launch, now)
+        g.state = GroupState.RUNNING
         self.dispatcher.send(cand.zone, task)
 
     def _with_sim(self, cand: Candidate) -> Candidate:
@@ -201,7 +171,7 @@ class Coordinator:
             update={"backend": cand.backend.model_copy(update={"settings": settings})}
         )
 
-    def _reports(self, g: _Group) -> list[Report | None]:
+    def _reports(self, g: Group) -> list[Report | None]:
         """Reports of the launched prefix, relative to the group start."""
         out: list[Report | None] = []
         for rank in range(g.launcher.launched):
@@ -213,30 +183,30 @@ class Coordinator:
                 out.append(Report(t.finished_at_s - g.t0, t.success, t.quality))
         return out
 
-    def _verdict(self, g: _Group) -> Verdict:
+    def _verdict(self, g: Group) -> Verdict:
         v = verdict(g.call.winner_mode, self._reports(g))
         if v.all_failed and g.launcher.pending:
             return Verdict(False)  # not all failed yet: a replacement is due
         return v
 
-    def _wait(self, g: _Group) -> Verdict:
+    def _wait(self, g: Group) -> Verdict:
         try:
             return self._wait_loop(g)
         finally:
             g.alarm.cancel()
 
-    def _arm(self, g: _Group, wake_s: float, now_s: float) -> None:
+    def _arm(self, g: Group, wake_s: float, now_s: float) -> None:
         """Wake the blocking pop at ``wake_s``: Redis checks blocking timeouts only on
         its own clock tick (hz, 100 ms by default), far too coarse for a hedge delay, so
         a timer pushes a wake token onto the group's reply list instead."""
         if wake_s == g.alarm.at_s:
             return
         g.alarm.cancel()
-        g.alarm = _Alarm(wake_s)
+        g.alarm = Alarm(wake_s)
         push = functools.partial(self.store.push_reply, g.id, WAKE, self.settings.group_ttl_s)
         g.alarm.start(max(0.0, wake_s - now_s), push)
 
-    def _wait_loop(self, g: _Group) -> Verdict:
+    def _wait_loop(self, g: Group) -> Verdict:
         while True:
             now = self.clock()
             while (launch := g.launcher.due(now)) is not None:
@@ -259,109 +229,95 @@ class Coordinator:
             if raw is not None and raw != WAKE:
                 self._on_report(g, MemberReport.model_validate_json(raw))
 
-    def _on_report(self, g: _Group, rep: MemberReport) -> None:
+    def _on_report(self, g: Group, rep: MemberReport) -> None:
         rank = rep.trace.rank
         if rank >= len(g.reports) or g.reports[rank] is not None:
             return  # a duplicate delivery, or not ours
         g.reports[rank] = rep
         g.launcher.on_report(rep.trace.success)
 
-    def _deadline_verdict(self, g: _Group) -> Verdict:
+    def _deadline_verdict(self, g: Group) -> Verdict:
         span = g.deadline_at - g.t0
         reps = [r if r is not None else Report(span, False) for r in self._reports(g)]
         v = verdict(g.call.winner_mode, reps)
         return v if v.winner is not None else Verdict(True, None)
 
-    def _finish(self, g: _Group, v: Verdict) -> InvocationResult:
+    def _finish(self, g: Group, v: Verdict) -> InvocationResult:
         now = self.clock()
         state = self._state(g, v, now)
         # Past the deadline nothing more is awaited: stragglers are cancelled, and only
         # then recorded as lost (a kept member would report its own outcome later, and
         # recording it here too would count the call twice).
         cancel = self.settings.cancel_losers or state is not GroupState.WON or now >= g.deadline_at
-        win = v.winner
-        winner_id = g.member_id(win) if state is GroupState.WON and win is not None else None
-        # One round trip: the new state (losers see it at their next poll), the winner
-        # claim (SET NX: exactly one winner) and the operator counters.
-        self.store.close_group(
-            g.id,
-            CANCELLED if cancel else RESOLVED,
-            winner_id,
-            self._metrics(g, state, v),
-            self.settings.group_ttl_s,
-            self.settings.profile_ttl_s,
-        )
-        members = self._summaries(g, now, cancel)
-        if state is GroupState.WON and win is not None:
-            rep = g.reports[win]
-            c = g.candidates[win]
-            return InvocationResult(
+        win = v.winner if state is GroupState.WON else None
+        winner_id = g.member_id(win) if win is not None else None
+        members, lost = summaries(g, now, cancel)
+        record = group_verdict(g, state, winner_id, members, now)
+        s = self.settings
+        # One atomic step: the signal (losers see it at their next poll), the winner claim
+        # (exactly one outcome per group), the operator counters and the verdict record.
+        closed = self.store.close_group(
+            GroupClose(
                 g.id,
-                g.role,
-                state,
-                g.member_id(win),
-                c.id,
-                c.zone,
-                rep.output if rep else None,
-                rep.trace.quality if rep else None,
-                g.decision.p_success,
-                g.decision.stop,
-                now - g.t0,
-                members,
-                g.backups,
-            )
+                GroupSignal.CANCELLED if cancel else GroupSignal.RESOLVED,
+                winner_id,
+                metrics(g, state, win),
+                record.model_dump_json(),
+            ),
+            CloseLimits(
+                s.group_ttl_s, s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s
+            ),
+        )
+        if closed.winner_member != winner_id:
+            # Another process closed this group first, with another outcome: its claim
+            # holds, and this coordinator declares no second one.
+            raise WinnerConflictError(g.id, winner_id, closed.winner_member)
+        g.state = state
+        if closed.applied:
+            for rank in lost:
+                self._record_lost(g.candidates[rank], now)
+        if win is not None:
+            return self._result(g, win, members, now)
         failures = {m.member_id: m.reason or m.status.value for m in members if m.launched}
         if state is GroupState.DEADLINE:
             raise DeadlineError(g.id, g.call.deadline_s, failures)
         raise AllFailedError(g.id, failures)
 
-    def _state(self, g: _Group, v: Verdict, now: float) -> GroupState:
+    def _result(
+        self, g: Group, win: int, members: list[MemberSummary], now: float
+    ) -> InvocationResult:
+        rep, c = g.reports[win], g.candidates[win]
+        return InvocationResult(
+            g.id,
+            g.role,
+            GroupState.WON,
+            g.member_id(win),
+            c.id,
+            c.zone,
+            rep.output if rep else None,
+            rep.trace.quality if rep else None,
+            g.decision.p_success,
+            g.decision.stop,
+            now - g.t0,
+            members,
+            g.backups,
+        )
+
+    def _state(self, g: Group, v: Verdict, now: float) -> GroupState:
         if v.winner is not None:
             return GroupState.WON
         if now >= g.deadline_at and any(g.reports[r] is None for r in range(g.launcher.launched)):
             return GroupState.DEADLINE
         return GroupState.ALL_FAILED
 
-    def _summaries(self, g: _Group, now: float, cancel: bool) -> list[MemberSummary]:
-        out = []
-        for rank, cand in enumerate(g.candidates):
-            rep, launched_at = g.reports[rank], g.launched_at[rank]
-            row = functools.partial(MemberSummary, g.member_id(rank), cand.id, cand.zone, rank)
-            if rep is not None:
-                t = rep.trace
-                out.append(
-                    row(t.status, True, t.latency_s, t.failure_reason, t.tokens_in, t.tokens_out)
-                )
-            elif launched_at is None:
-                out.append(row(MemberStatus.QUEUED, False))
-            elif now >= g.deadline_at:
-                reason = f"no report within deadline_s={g.call.deadline_s}"
-                out.append(row(MemberStatus.TIMED_OUT, True, now - launched_at, reason))
-                self._record_lost(g, rank, cand, now)
-            else:
-                out.append(row(MemberStatus.CANCELLED if cancel else MemberStatus.RUNNING, True))
-        return out
-
-    def _record_lost(self, g: _Group, rank: int, cand: Candidate, now: float) -> None:
+    def _record_lost(self, cand: Candidate, now: float) -> None:
         """A member that never reported by the deadline (its worker may be gone) is
-        recorded as timed out, so the failure is harvested and profiled."""
+        recorded as timed out, so the failure is profiled (online only: no trace of it
+        is written, see coordinator.tracestore.recompute)."""
         obs = CandidateObservation(at_s=now, delivered=False, failure=FailureKind.DEADLINE)
         self.store.update_candidate(
             cand.id, obs, self.profile_settings, self.settings.profile_ttl_s
         )
-
-    def _metrics(self, g: _Group, state: GroupState, v: Verdict) -> dict[str, int]:
-        counts = {"invocations": 1, f"state:{state.value}": 1}
-        if g.launcher.launched > 1:
-            counts["hedged"] = 1
-        if g.backups:
-            counts["backups"] = g.backups
-            if v.winner is not None and v.winner > 0:
-                counts["backup_wins"] = 1
-        if not g.launcher.timer_on:
-            counts["budget_refused"] = 1
-        counts[f"launch:{g.call.launch_mode.value}"] = 1
-        return counts
 
 
 __all__ = ["Coordinator", "Dispatcher", "InvocationResult", "MemberSummary"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from schemas.enums import LaunchMode, WinnerMode
 from schemas.models import Candidate, RoleInvocation
 from schemas.pool import PoolConfig, SimSection
 from schemas.scenario import Scenario
-from sim.scenario import BUILTIN, load_builtin, load_scenario
+from sim.scenario import BUILTIN, load_builtin, load_scenario, read_toml
 
 
 def check_zone(zone: str, zones: frozenset[str]) -> str:
@@ -31,14 +30,7 @@ def check_zone(zone: str, zones: frozenset[str]) -> str:
 
 
 def load_pool(path: Path) -> PoolConfig:
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(f"pool config {str(path)!r} does not exist") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read pool config {str(path)!r}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    raw = read_toml(path, "pool config", ConfigError)
     sim = raw.get("sim")
     if isinstance(sim, dict) and isinstance(sim.get("scenario"), str):
         scen = sim["scenario"]

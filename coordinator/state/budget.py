@@ -41,7 +41,6 @@ under a lock, for single-process runs and tests.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -50,8 +49,9 @@ from dataclasses import dataclass
 import redis
 
 from coordinator.config import HacoSettings
-from coordinator.errors import InputError, StoreError
+from coordinator.errors import StoreError
 from coordinator.state import keys
+from coordinator.state.checks import check_amount, check_count
 from coordinator.state.lua import lua
 
 Clock = Callable[[], float]
@@ -67,20 +67,6 @@ class BudgetSnapshot:
     llm_tokens: float  # LLM tokens backups may still spend now
     exhausted: int  # refused spends since the budget state was created
     spent_backups: int  # backups paid for since the budget state was created
-
-
-def _check_count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError(f"{name} must be an integer >= 0, got {value!r}")
-    return value
-
-
-def _check_tokens(value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"llm_tokens must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise InputError(f"llm_tokens must be finite and >= 0, got {value!r}")
-    return float(value)
 
 
 def refill(llm: float, ts: float, now: float, settings: HacoSettings) -> tuple[float, float]:
@@ -123,7 +109,7 @@ class RedisBudget:
         ]
 
     def earn(self, n_requests: int = 1) -> None:
-        n = _check_count("n_requests", n_requests)
+        n = check_count("n_requests", n_requests)
         amount = n * self._settings.budget_ratio
         try:
             self._earn(keys=[keys.BUDGET], args=[*self._args(), repr(amount)])
@@ -131,8 +117,8 @@ class RedisBudget:
             raise StoreError(f"hedge budget: earn on {keys.BUDGET} failed: {exc}") from exc
 
     def try_spend(self, backups: int, llm_tokens: float) -> bool:
-        n = _check_count("backups", backups)
-        cost = _check_tokens(llm_tokens)
+        n = check_count("backups", backups)
+        cost = check_amount("llm_tokens", llm_tokens)
         args = [*self._args(), str(n), repr(cost), repr(EPSILON)]
         try:
             paid = self._spend(keys=[keys.BUDGET], args=args)
@@ -188,15 +174,15 @@ class MemoryBudget:
         self._req = min(self._req, self._settings.budget_burst)
 
     def earn(self, n_requests: int = 1) -> None:
-        n = _check_count("n_requests", n_requests)
+        n = check_count("n_requests", n_requests)
         with self._lock:
             self._refill()
             gained = self._req + n * self._settings.budget_ratio
             self._req = min(self._settings.budget_burst, gained)
 
     def try_spend(self, backups: int, llm_tokens: float) -> bool:
-        n = _check_count("backups", backups)
-        cost = _check_tokens(llm_tokens)
+        n = check_count("backups", backups)
+        cost = check_amount("llm_tokens", llm_tokens)
         with self._lock:
             self._refill()
             if self._req + EPSILON >= n and self._llm + EPSILON >= cost:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -242,7 +242,3 @@ def publish(r: redis.Redis, snap: Snapshot, ttl_s: float) -> bool:
 
     r.transaction(txn, keys.PROFILE_SNAPSHOT, keys.PROFILE_SEAL)
     return adopted
-
-
-def profile_dict(profile: CandidateProfile | LinkProfile) -> dict[str, Any]:
-    return asdict(profile)

@@ -17,7 +17,6 @@ coordinator process. :class:`MemoryDelayWindow` keeps it in this process.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -25,21 +24,10 @@ from collections.abc import Sequence
 import redis
 
 from coordinator.config import HacoSettings
+from coordinator.core.percentiles import nearest_rank
 from coordinator.errors import InputError, StoreError
 from coordinator.state import keys
-
-
-def nearest_rank(values: Sequence[float], percentile: float) -> float:
-    """The nearest-rank ``percentile`` (0 < p ≤ 100) of non-empty ``values``: the smallest
-    value with at least p% of the values at or below it."""
-    if not values:
-        raise InputError("nearest_rank needs at least one value, got none")
-    if not 0.0 < percentile <= 100.0:
-        raise InputError(f"percentile must be in (0, 100], got {percentile!r}")
-    ordered = sorted(values)
-    # Rounded first so that e.g. 95 % of 20 is rank 19, not 20 through float noise.
-    rank = math.ceil(round(percentile * len(ordered) / 100.0, 9))
-    return ordered[min(max(rank, 1), len(ordered)) - 1]
+from coordinator.state.checks import check_amount
 
 
 def delay_from(samples: Sequence[float], settings: HacoSettings) -> float:
@@ -55,14 +43,6 @@ def _check_role(role: str) -> str:
     return role
 
 
-def _check_latency(latency_s: float) -> float:
-    if isinstance(latency_s, bool) or not isinstance(latency_s, int | float):
-        raise InputError(f"latency_s must be a number of seconds, got {latency_s!r}")
-    if not math.isfinite(latency_s) or latency_s < 0:
-        raise InputError(f"latency_s must be finite and >= 0, got {latency_s!r}")
-    return float(latency_s)
-
-
 class RedisDelayWindow:
     """Per-role latency windows in Redis lists, shared by every coordinator process."""
 
@@ -72,7 +52,7 @@ class RedisDelayWindow:
 
     def record(self, role: str, latency_s: float) -> None:
         key = keys.hedge_delay_window(_check_role(role))
-        value = _check_latency(latency_s)
+        value = check_amount("latency_s", latency_s)
         ttl_ms = max(1, round(self._settings.profile_ttl_s * 1000))
         try:
             with self._client.pipeline(transaction=True) as pipe:
@@ -109,7 +89,7 @@ class MemoryDelayWindow:
 
     def record(self, role: str, latency_s: float) -> None:
         _check_role(role)
-        value = _check_latency(latency_s)
+        value = check_amount("latency_s", latency_s)
         with self._lock:
             window = self._windows.get(role)
             if window is None:

@@ -14,10 +14,10 @@ BROKER_DB = 1  # kombu's lists and sets: not ours, not expiring, kept apart
 
 
 def group_state(group_id: str) -> str:
-    """String: "open" while members may run, "resolved" once a winner or all-failed is
-    known, "cancelled" when remaining members must stop. Missing = the group is gone
-    (expired or never existed): a member that finds no state must not run.
-    TTL: settings.group_ttl_s."""
+    """String, a ``schemas.enums.GroupSignal``: "open" while members may run, "resolved"
+    once a winner or all-failed is known, "cancelled" when remaining members must stop.
+    Missing = the group is gone (expired or never existed): a member that finds no state
+    must not run. TTL: settings.group_ttl_s."""
     return f"{PREFIX}:g:{group_id}:state"
 
 
@@ -27,7 +27,9 @@ def group_replies(group_id: str) -> str:
 
 
 def group_winner(group_id: str) -> str:
-    """String, SET NX: the member id that won, so exactly one winner is ever declared.
+    """String, set once when the group closes (coordinator.state.store.RedisStore.
+    close_group, ``SET NX`` semantics): the member id that won, so exactly one winner is
+    ever declared.
     TTL: group_ttl_s."""
     return f"{PREFIX}:g:{group_id}:winner"
 
@@ -35,17 +37,6 @@ def group_winner(group_id: str) -> str:
 def idempotency(key: str) -> str:
     """String, SET NX: the member that committed the side effect. TTL: idempotency_ttl_s."""
     return f"{PREFIX}:idem:{key}"
-
-
-def candidate_profile(candidate_id: str) -> str:
-    """String (JSON): the online candidate profile of the layout before epochs. No longer
-    written: profiles are a snapshot plus per-epoch deltas (below). TTL: profile_ttl_s."""
-    return f"{PREFIX}:prof:cand:{candidate_id}"
-
-
-def link_profile(link_id: str) -> str:
-    """String (JSON): the online link profile before epochs; no longer written."""
-    return f"{PREFIX}:prof:link:{link_id}"
 
 
 # Profiles (coordinator.tracestore.recompute): effective profile = the snapshot's profile
@@ -106,16 +97,21 @@ BUDGET = f"{PREFIX}:budget"
 TTL: budget_ttl_s, refreshed on every write (earn and every spend attempt)."""
 
 TRACES = f"{PREFIX}:traces"
-"""Stream: one entry per executed member, harvested into Postgres. Capped at
-trace_stream_maxlen; TTL trace_stream_ttl_s, refreshed on every append.
+"""Stream: one entry per executed member (field :data:`REPORT_FIELD`, a MemberReport) and
+one per closed hedge group (field :data:`VERDICT_FIELD`, a GroupVerdict), harvested into
+Postgres (members, link_observations, invocations). Capped at trace_stream_maxlen; TTL
+trace_stream_ttl_s, refreshed on every append.
 Read by the consumer group settings.harvest_group (coordinator.tracestore.harvester), which deletes
 each entry once its batch is committed: the length is the backlog not yet in Postgres."""
 
+REPORT_FIELD = "report"  # a member's MemberReport JSON in a TRACES entry
+VERDICT_FIELD = "verdict"  # a closed group's GroupVerdict JSON in a TRACES entry
+
 TRACES_DEAD = f"{PREFIX}:traces:dead"
 """Stream: trace entries the harvester could not store (not JSON, not a valid
-MemberReport, or a row Postgres rejects), fields ``id`` (the original entry id),
-``report`` (the raw entry) and ``error``. Capped at harvest_dead_letter_maxlen;
-TTL harvest_dead_letter_ttl_s, refreshed on every write."""
+MemberReport or GroupVerdict, or a row Postgres rejects), fields ``id`` (the original
+entry id), ``report`` (the raw report or verdict) and ``error``. Capped at
+harvest_dead_letter_maxlen; TTL harvest_dead_letter_ttl_s, refreshed on every write."""
 
 METRICS = f"{PREFIX}:metrics"
 """Hash of counters for operators (hedge rate, backup wins, budget exhaustion …), and the

@@ -19,35 +19,40 @@ from coordinator.core.profiles import (
     update_candidate,
     update_link_many,
 )
-from coordinator.state.store import OPEN, OutcomeLimits
+from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, OutcomeLimits
+from schemas.enums import GroupSignal
 
 
 class MemoryStore:
     """In-process backend with the same semantics, for single-process runs and tests.
-    TTLs are recorded, not enforced: nothing outlives the process anyway."""
+    TTLs are recorded, not enforced: nothing outlives the process anyway. The trace
+    stream's two kinds of entries are two lists: ``traces`` (member reports) and
+    ``verdicts`` (closed groups); nothing harvests them."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
-        self.states: dict[str, str] = {}
+        self.states: dict[str, GroupSignal] = {}
         self.replies: dict[str, deque[str]] = defaultdict(deque)
         self.winners: dict[str, str] = {}
+        self.claims: dict[str, str | None] = {}  # closed groups: their winner (None: none)
         self.idem: dict[str, str] = {}
         self.candidates: dict[str, CandidateProfile] = {}
         self.links: dict[str, LinkProfile] = {}
         self.traces: list[str] = []
+        self.verdicts: list[str] = []
         self.counters: dict[str, int] = {}
 
     def open_group(self, group_id: str, ttl_s: float) -> None:
         with self._lock:
-            self.states[group_id] = OPEN
+            self.states[group_id] = GroupSignal.OPEN
 
-    def group_state(self, group_id: str) -> str | None:
+    def group_state(self, group_id: str) -> GroupSignal | None:
         with self._lock:
             return self.states.get(group_id)
 
-    def set_group_state(self, group_id: str, state: str, ttl_s: float) -> None:
+    def set_group_state(self, group_id: str, signal: GroupSignal, ttl_s: float) -> None:
         with self._lock:
-            self.states[group_id] = state
+            self.states[group_id] = signal
 
     def push_reply(self, group_id: str, report: str, ttl_s: float) -> None:
         with self._lock:
@@ -66,9 +71,9 @@ class MemoryStore:
 
     def claim_winner(self, group_id: str, member_id: str, ttl_s: float) -> bool:
         with self._lock:
-            if group_id in self.winners:
+            if group_id in self.claims:
                 return False  # SET NX semantics: even the holder's second claim fails
-            self.winners[group_id] = member_id
+            self.winners[group_id] = self.claims[group_id] = member_id
             return True
 
     def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str:
@@ -143,17 +148,17 @@ class MemoryStore:
         with self._lock:
             return dict(self.counters)
 
-    def close_group(
-        self,
-        group_id: str,
-        state: str,
-        winner_member: str | None,
-        counts: Mapping[str, int],
-        ttl_s: float,
-        metrics_ttl_s: float,
-    ) -> bool:
-        self.set_group_state(group_id, state, ttl_s)
-        self.incr_metrics(counts, metrics_ttl_s)
-        if winner_member is None:
-            return True
-        return self.claim_winner(group_id, winner_member, ttl_s)
+    def close_group(self, close: GroupClose, limits: CloseLimits) -> GroupClosed:
+        """As RedisStore.close_group's script: once per group, all or nothing."""
+        g = close.group_id
+        with self._lock:
+            if g in self.claims:
+                return GroupClosed(False, self.claims[g])
+            self.claims[g] = close.winner_member
+            if close.winner_member is not None:
+                self.winners[g] = close.winner_member
+            self.states[g] = close.signal
+            self.incr_metrics(close.counts, limits.metrics_ttl_s)
+            self.verdicts.append(close.verdict)
+            del self.verdicts[: -limits.trace_maxlen]
+            return GroupClosed(True, close.winner_member)

@@ -1,7 +1,9 @@
 """Shared runtime state of hedge groups: one interface, a Redis and an in-memory backend.
 
 Every state change that two processes can race on is atomic: the winner claim and the
-idempotency claim are ``SET NX``; a group's state moves with one ``SET``; a profile
+idempotency claim are ``SET NX``; a group's signal moves with one ``SET``; closing a group
+(its signal, winner claim, counters and verdict record) is one Lua script that acts once
+per group (:meth:`RedisStore.close_group`); a profile
 update is an optimistic ``WATCH``/``MULTI`` transaction that re-reads and re-applies the
 pure update of :mod:`coordinator.core.profiles` if another writer got there first. Every key
 is written with its TTL (see :mod:`coordinator.state.keys`).
@@ -37,10 +39,9 @@ from coordinator.errors import StoreError
 from coordinator.state import keys
 from coordinator.state.codec import text
 from coordinator.state.epochs import DeltaWrite, ProfileView, read_view, write_delta
+from coordinator.state.lua import lua
+from schemas.enums import GroupSignal
 
-OPEN = "open"
-RESOLVED = "resolved"
-CANCELLED = "cancelled"
 _MS = 1000
 
 
@@ -51,6 +52,50 @@ class OutcomeLimits:
     profile_ttl_s: float
     trace_maxlen: int
     trace_ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GroupClose:
+    """What closing a group writes: the members' signal, the winner claim (None: no
+    winner), the operator counters and the verdict record (``GroupVerdict`` JSON, appended
+    to the trace stream for the harvester)."""
+
+    group_id: str
+    signal: GroupSignal
+    winner_member: str | None
+    counts: Mapping[str, int]
+    verdict: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseLimits:
+    """TTLs and the stream cap a group is closed with (HacoSettings')."""
+
+    group_ttl_s: float
+    metrics_ttl_s: float
+    trace_maxlen: int
+    trace_ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GroupClosed:
+    """The result of a close: ``applied`` when this call closed the group (False: it was
+    closed before, and nothing was written), and the winner it was closed with (None:
+    none)."""
+
+    applied: bool
+    winner_member: str | None
+
+
+def _signal(raw: object) -> GroupSignal | None:
+    if raw is None:
+        return None
+    value = raw.decode() if isinstance(raw, bytes) else str(raw)
+    try:
+        return GroupSignal(value)
+    except ValueError as exc:
+        known = ", ".join(s.value for s in GroupSignal)
+        raise StoreError(f"unknown group signal {value!r}; expected one of {known}") from exc
 
 
 P = TypeVar("P")
@@ -77,6 +122,7 @@ class RedisStore:
     ) -> None:
         self.r = client
         self.profile_settings = profile_settings or ProfileSettings()
+        self._close = client.register_script(lua("close_group"))  # EVALSHA: sent once
         # Threads of one worker that fold into the same delta key would make each other's
         # WATCH fail and retry; queueing them on a per-key lock in the process costs less.
         self._key_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -95,17 +141,18 @@ class RedisStore:
 
     def open_group(self, group_id: str, ttl_s: float) -> None:
         px = int(ttl_s * _MS)
-        self._guard("open a group", lambda: self.r.set(keys.group_state(group_id), OPEN, px=px))
+        key = keys.group_state(group_id)
+        self._guard("open a group", lambda: self.r.set(key, GroupSignal.OPEN.value, px=px))
 
-    def group_state(self, group_id: str) -> str | None:
+    def group_state(self, group_id: str) -> GroupSignal | None:
+        """The group's signal to its members; None: the group is gone or never existed."""
         raw = self._guard("read a group state", lambda: self.r.get(keys.group_state(group_id)))
-        return raw.decode() if isinstance(raw, bytes) else None
+        return _signal(raw)
 
-    def set_group_state(self, group_id: str, state: str, ttl_s: float) -> None:
+    def set_group_state(self, group_id: str, signal: GroupSignal, ttl_s: float) -> None:
         px = int(ttl_s * _MS)
-        self._guard(
-            "set a group state", lambda: self.r.set(keys.group_state(group_id), state, px=px)
-        )
+        key = keys.group_state(group_id)
+        self._guard("set a group state", lambda: self.r.set(key, signal.value, px=px))
 
     def push_reply(self, group_id: str, report: str, ttl_s: float) -> None:
         key = keys.group_replies(group_id)
@@ -246,30 +293,26 @@ class RedisStore:
 
         self._guard("count metrics", incr)
 
-    def close_group(
-        self,
-        group_id: str,
-        state: str,
-        winner_member: str | None,
-        counts: Mapping[str, int],
-        ttl_s: float,
-        metrics_ttl_s: float,
-    ) -> bool:
-        """State, winner claim and counters in one round trip; True if the claim held."""
-        px = int(ttl_s * _MS)
+    def close_group(self, close: GroupClose, limits: CloseLimits) -> GroupClosed:
+        """Signal, claim, counters and the verdict record in one script, once per group:
+        the winner key is the group's claim (``SET NX`` semantics: the winning member, or
+        empty for none); a group claimed before is left untouched, and its claimed winner
+        is returned."""
+        g = close.group_id
+        group_keys = [keys.group_state(g), keys.group_winner(g), keys.METRICS, keys.TRACES]
+        args: list[str | int] = [
+            close.signal.value, close.winner_member or "", int(limits.group_ttl_s * _MS),
+            int(limits.metrics_ttl_s * _MS), keys.VERDICT_FIELD, close.verdict,
+            limits.trace_maxlen, int(limits.trace_ttl_s * _MS),
+        ]  # fmt: skip
+        for name, n in close.counts.items():
+            args += [name, n]
 
-        def close() -> bool:
-            pipe = self.r.pipeline(transaction=True)
-            pipe.set(keys.group_state(group_id), state, px=px)
-            if winner_member is not None:
-                pipe.set(keys.group_winner(group_id), winner_member, nx=True, px=px)
-            for name, n in counts.items():
-                pipe.hincrby(keys.METRICS, name, n)
-            pipe.pexpire(keys.METRICS, int(metrics_ttl_s * _MS))
-            out = pipe.execute()
-            return winner_member is None or bool(out[1])
+        def run() -> GroupClosed:
+            applied, holder = self._close(keys=group_keys, args=args)
+            return GroupClosed(bool(applied), text(holder) or None)
 
-        return self._guard("close a group", close)
+        return self._guard("close a group", run)
 
     def metrics(self) -> dict[str, int]:
         raw = self._guard("read metrics", lambda: self.r.hgetall(keys.METRICS))

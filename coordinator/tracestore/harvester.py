@@ -2,11 +2,12 @@
 double counting.
 
 One batch: ``XREADGROUP`` up to ``harvest_batch`` entries (its own pending entries first,
-then new ones), parse each as a :class:`MemberReport`, ``COPY`` the rows into a temporary
-staging table, then in the same transaction insert into ``members`` what is not there yet
-(``ON CONFLICT DO NOTHING`` on its key, member id and finish time, which every redelivery
-of an entry repeats: no second row), the link observation the trace carries, and one
-``invocations`` upsert per group counting only the newly inserted members. After
+then new ones), parse each as a :class:`MemberReport` (field ``keys.REPORT_FIELD``) or a
+:class:`GroupVerdict` (``keys.VERDICT_FIELD``, appended by the coordinator when it closes
+a group), then in one transaction (:mod:`coordinator.tracestore.harvestsql`) insert into
+``members`` what is not there yet (no second row for a redelivered entry), the link
+observation the trace carries, and one ``invocations`` upsert per group counting only
+the newly inserted members and taking the group's first verdict. After
 ``COMMIT``, one ``MULTI``: dead letters, ``XACK`` and ``XDEL`` of the batch, counters. A
 crash between the two leaves the entries pending; whoever reads them next (this consumer
 on restart, or another harvester's :meth:`Harvester.reclaim` once they are idle for
@@ -18,22 +19,23 @@ off and retries. The buffer is the stream, ``trace_stream_maxlen`` entries: prod
 ``MAXLEN ~`` trimming drops the oldest beyond it. Above ``harvest_buffer_alarm`` entries
 every batch logs an ERROR and counts ``harvest_buffer_alarm``; an entry found trimmed
 before it was stored is logged and counted as ``harvest_lost``. An entry that is not a
-valid report, or a row Postgres rejects, goes to the dead-letter stream ``TRACES_DEAD``.
+valid report or verdict, or a row Postgres rejects, goes to the dead-letter stream
+``TRACES_DEAD``.
 
-Metrics (``keys.METRICS``), counters: harvest_ entries, rows, duplicates, dead_letter,
-lost, db_errors, buffer_alarm; gauges: harvest_ stream_len, pending, oldest_pending_ms,
-oldest_entry_ms.
+Metrics (``keys.METRICS``), counters: harvest_ entries, rows (members), verdicts,
+duplicates, dead_letter, lost, db_errors, buffer_alarm; gauges: harvest_ stream_len,
+pending, oldest_pending_ms, oldest_entry_ms.
 
-Test hook: ``HACO_HARVEST_CRASH_AFTER_COMMIT=1`` in the environment (read once, in
-``__init__``) makes the process ``os._exit(17)`` right after a commit, before the ack.
+Fault injection: ``after_commit``, when given, is called right after a batch that stored
+rows is committed and before it is acknowledged (tests kill the process there).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,82 +48,26 @@ from coordinator.config import HacoSettings
 from coordinator.errors import describe_validation_error
 from coordinator.state import keys
 from coordinator.state.codec import text
-from schemas.models import MemberReport, MemberTrace
+from coordinator.tracestore.harvestsql import Staged, trace_row, verdict_row, write
+from schemas.models import GroupVerdict, MemberReport
 
 log = logging.getLogger(__name__)
 
-CRASH_AFTER_COMMIT_ENV = "HACO_HARVEST_CRASH_AFTER_COMMIT"
-CRASH_EXIT_CODE = 17
 LAG_LOG_EVERY_S = 10.0  # lag is logged at INFO this often (DEBUG on every batch)
 _BACKOFF_START_S = 0.1
 _MS = 1000
 
-Row = tuple[Any, ...]
+_NONE: tuple[tuple[int, int], list[tuple[Staged, str]]] = ((0, 0), [])
 
-_STAGE_DDL = """
-CREATE TEMP TABLE IF NOT EXISTS haco_harvest_stage (
-    member_id text, group_id text, candidate_id text, role text, zone text,
-    caller_zone text, model text, rank integer, u_plus double precision,
-    r_minus double precision, started_s double precision, finished_s double precision,
-    status text, failure_kind text, failure_reason text, quality double precision,
-    latency_s double precision, proc_latency_s double precision, tokens_in integer,
-    tokens_out integer, bytes_sent bigint, rtt_s double precision,
-    bandwidth_bps double precision, lost boolean, stream_id text
-) ON COMMIT DELETE ROWS
-"""
 
-_COPY = "COPY haco_harvest_stage FROM STDIN"
-
-# One statement: every data-modifying CTE runs exactly once, on one snapshot. The dedup
-# key is members' primary key (member_id, finished_at): every redelivery of an entry
-# repeats both. Only rows `ins` really inserted count towards invocations and get links.
-_MERGE = """
-WITH ins AS (
-    INSERT INTO members (member_id, group_id, candidate_id, role, zone, caller_zone, model,
-        rank, u_plus, r_minus, started_at, finished_at, status, failure_kind,
-        failure_reason, quality, latency_s, proc_latency_s, tokens_in, tokens_out,
-        bytes_sent, rtt_s, bandwidth_bps, lost, stream_id)
-    SELECT member_id, group_id, candidate_id, role, zone, caller_zone, model,
-        rank, u_plus, r_minus, to_timestamp(started_s), to_timestamp(finished_s), status,
-        failure_kind, failure_reason, quality, latency_s, proc_latency_s, tokens_in,
-        tokens_out, bytes_sent, rtt_s, bandwidth_bps, lost, stream_id
-    FROM haco_harvest_stage
-    ON CONFLICT DO NOTHING
-    RETURNING member_id, finished_at, group_id, role, started_at
-), inv AS (
-    INSERT INTO invocations AS i (group_id, role, state, members, created_at)
-    SELECT group_id, min(role), 'running', count(*), min(started_at)
-    FROM ins GROUP BY group_id ORDER BY group_id
-    ON CONFLICT (group_id) DO UPDATE SET members = i.members + EXCLUDED.members,
-        created_at = LEAST(i.created_at, EXCLUDED.created_at)
-), links AS (
-    INSERT INTO link_observations (member_id, link_id, observed_at, bytes, lost,
-        transfer_s, rtt_s, leg)
-    SELECT b.member_id, b.caller_zone || '->' || b.zone, ins.finished_at, b.bytes_sent,
-        b.lost, CASE WHEN b.bandwidth_bps > 0 THEN b.bytes_sent / b.bandwidth_bps END, b.rtt_s, 0
-    FROM haco_harvest_stage b
-    JOIN ins ON ins.member_id = b.member_id AND ins.finished_at = to_timestamp(b.finished_s)
-    WHERE b.bytes_sent > 0 OR b.lost OR b.rtt_s IS NOT NULL
-    ON CONFLICT DO NOTHING
-)
-SELECT count(*) FROM ins
-"""
+def _field(fields: dict[Any, Any], name: str) -> bytes | str | None:
+    """A stream entry's field (the client may or may not decode responses)."""
+    got: bytes | str | None = fields.get(name.encode(), fields.get(name))
+    return got
 
 
 def _id_ms(entry_id: bytes | str) -> int:
     return int(text(entry_id).split("-", 1)[0])
-
-
-def trace_row(trace: MemberTrace, stream_id: str) -> Row:
-    """The staging row of one trace (column order of ``haco_harvest_stage``)."""
-    t = trace
-    return (
-        t.member_id, t.group_id or t.invocation_id, t.candidate_id, t.role, t.zone,
-        t.caller_zone, t.model, t.rank, t.u_plus, t.r_minus, t.started_at_s,
-        t.finished_at_s, t.status.value, t.failure_kind.value if t.failure_kind else None,
-        t.failure_reason, t.quality, t.latency_s, t.proc_latency_s, t.tokens_in,
-        t.tokens_out, t.bytes_sent, t.rtt_s, t.bandwidth_Bps, t.lost, stream_id,
-    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -137,7 +83,7 @@ class Lag:
 @dataclass
 class _Batch:
     ids: list[str] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
+    rows: list[Staged] = field(default_factory=list)
     raw: dict[str, bytes | str] = field(default_factory=dict)
     dead: list[tuple[str, bytes | str, str]] = field(default_factory=list)  # (id, raw, error)
     lost: list[str] = field(default_factory=list)
@@ -145,7 +91,8 @@ class _Batch:
 
 class Harvester:
     """One consumer of the harvest group. ``redis_client`` is the application database's
-    client (tests pass another DB); ``pool`` a psycopg pool on the trace store."""
+    client (tests pass another DB); ``pool`` a psycopg pool on the trace store;
+    ``after_commit`` a fault-injection point between a batch's commit and its ack."""
 
     def __init__(
         self,
@@ -153,12 +100,13 @@ class Harvester:
         pool: ConnectionPool,
         settings: HacoSettings,
         consumer_name: str,
+        after_commit: Callable[[], None] | None = None,
     ) -> None:
         self.r, self.pool, self.s, self.consumer = redis_client, pool, settings, consumer_name
         self.stream, self.group = keys.TRACES, settings.harvest_group
         maxlen = settings.trace_stream_maxlen  # producers trim past it: alarm before that
         self.alarm_at = min(settings.harvest_buffer_alarm or int(0.8 * maxlen), maxlen - 1)
-        self._crash_after_commit = os.environ.get(CRASH_AFTER_COMMIT_ENV) == "1"
+        self._after_commit = after_commit
         self._own_pending = True  # a restart under the same name resumes its own entries
         self._group_ready = False
         self._backoff = 0.0
@@ -242,13 +190,17 @@ class Harvester:
             if not fields:  # trimmed (MAXLEN) or deleted after we read it
                 b.lost.append(sid)
                 continue
-            raw = fields.get(b"report", fields.get("report")) or b""
+            verdict = _field(fields, keys.VERDICT_FIELD)
+            raw = verdict if verdict is not None else _field(fields, keys.REPORT_FIELD) or b""
             try:
-                report = MemberReport.model_validate_json(raw)
+                if verdict is not None:
+                    staged = verdict_row(GroupVerdict.model_validate_json(raw), sid)
+                else:
+                    staged = trace_row(MemberReport.model_validate_json(raw).trace, sid)
             except ValidationError as exc:
                 b.dead.append((sid, raw, describe_validation_error(exc, f"entry {sid}")))
                 continue
-            b.rows.append(trace_row(report.trace, sid))
+            b.rows.append(staged)
             b.raw[sid] = raw
         return b
 
@@ -257,7 +209,7 @@ class Harvester:
             return 0
         batch = self._parse(entries)
         try:
-            inserted, rejected = self._store(batch.rows) if batch.rows else (0, [])
+            (inserted, verdicts), rejected = self._store(batch.rows) if batch.rows else _NONE
         except psycopg.Error as exc:
             self._own_pending = True
             self._count({"harvest_db_errors": 1})
@@ -265,42 +217,38 @@ class Harvester:
             self._backoff = self._back_off(what, self._backoff)
             return 0
         self._backoff = 0.0
-        if self._crash_after_commit and batch.rows:
-            os._exit(CRASH_EXIT_CODE)  # test hook: committed, never acknowledged
-        batch.dead += [(r[-1], batch.raw[r[-1]], f"rejected by postgres: {e}") for r, e in rejected]
+        if self._after_commit is not None and batch.rows:
+            self._after_commit()  # fault injection: committed, not yet acknowledged
+        batch.dead += [
+            (r.stream_id, batch.raw[r.stream_id], f"rejected by postgres: {e}") for r, e in rejected
+        ]
         if batch.lost:
             self._report_lost(batch.lost, "read")
         for sid, _, error in batch.dead:
             log.error("trace entry %s moved to %s: %s", sid, keys.TRACES_DEAD, error)
-        dups = len(batch.rows) - len(rejected) - inserted
+        dups = len(batch.rows) - len(rejected) - inserted - verdicts
         counts = {"harvest_entries": len(batch.ids), "harvest_rows": inserted}
-        self._finish(
-            batch, {**counts, "harvest_duplicates": dups, "harvest_dead_letter": len(batch.dead)}
-        )
-        return inserted
+        counts |= {"harvest_verdicts": verdicts, "harvest_duplicates": dups}
+        self._finish(batch, {**counts, "harvest_dead_letter": len(batch.dead)})
+        return inserted + verdicts
 
-    def _store(self, rows: list[Row]) -> tuple[int, list[tuple[Row, str]]]:
-        """Write rows in one transaction. A row Postgres rejects (data, constraint) is
-        isolated by halving, to be dead-lettered; any other failure propagates."""
+    def _store(self, rows: list[Staged]) -> tuple[tuple[int, int], list[tuple[Staged, str]]]:
+        """Write rows in one transaction: (members inserted, verdicts stored), rejected.
+        A row Postgres rejects (data, constraint) is isolated by halving, to be
+        dead-lettered; any other failure propagates."""
         try:
             return self._write(rows), []
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             if len(rows) == 1:
-                return 0, [(rows[0], str(exc).strip())]
+                return (0, 0), [(rows[0], str(exc).strip())]
             mid = len(rows) // 2
-            n1, bad1 = self._store(rows[:mid])
-            n2, bad2 = self._store(rows[mid:])
-            return n1 + n2, bad1 + bad2
+            (m1, v1), bad1 = self._store(rows[:mid])
+            (m2, v2), bad2 = self._store(rows[mid:])
+            return (m1 + m2, v1 + v2), bad1 + bad2
 
-    def _write(self, rows: list[Row]) -> int:
+    def _write(self, rows: list[Staged]) -> tuple[int, int]:
         with self.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            cur.execute(_STAGE_DDL)
-            with cur.copy(_COPY) as copy:
-                for row in rows:
-                    copy.write_row(row)
-            cur.execute(_MERGE)
-            got = cur.fetchone()
-        return int(got[0]) if got else 0
+            return write(cur, rows)
 
     def _finish(self, batch: _Batch, counts: dict[str, int]) -> None:
         """After the commit: dead letters, acknowledge and delete the batch, count — all

@@ -32,7 +32,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from coordinator.errors import DatabaseError, MigrationError
+from coordinator.errors import DatabaseError, InputError, MigrationError
+from coordinator.tracestore.db import require_autocommit
 
 Conn = psycopg.Connection[TupleRow]
 
@@ -63,11 +64,6 @@ def _failing_as(what: str, error: type[DatabaseError] = DatabaseError) -> Iterat
 def _exists(conn: Conn, name: str) -> bool:
     row = conn.execute("SELECT to_regclass(%s)", [name]).fetchone()
     return row is not None and row[0] is not None
-
-
-def _require_autocommit(conn: Conn) -> None:
-    if not conn.autocommit:  # our transactions must be real ones, not savepoints
-        raise ValueError("needs an autocommit connection (coordinator.tracestore.db.connect)")
 
 
 @dataclass(frozen=True)
@@ -190,7 +186,7 @@ def _apply_next(conn: Conn, files: list[Migration], folder: Path) -> Migration |
 def migrate(conn: Conn, directory: Path | None = None) -> list[Migration]:
     """Apply the pending migrations in order, each in its own transaction holding an
     advisory lock (so concurrent migrators apply each once); return those applied."""
-    _require_autocommit(conn)
+    require_autocommit(conn, "migrate")
     folder, files = migrations_dir(directory), discover_migrations(directory)
     done: list[Migration] = []
     while (applied := _apply_next(conn, files, folder)) is not None:
@@ -240,7 +236,7 @@ def ensure_partitions(
     """Create the missing daily partitions of members and link_observations for ``start``
     (default: today, UTC) and the ``days_ahead`` days after it; return their names
     (``dry_run``: only return them)."""
-    _require_autocommit(conn)
+    require_autocommit(conn, "ensure_partitions")
     first = start or datetime.now(UTC).date()
     days = [first + timedelta(days=offset) for offset in range(days_ahead + 1)]
     with _failing_as("cannot inspect the trace store"):
@@ -276,9 +272,9 @@ def drop_older_than(conn: Conn, cutoff: datetime, *, dry_run: bool = False) -> R
     """Detach and drop the daily partitions entirely before ``cutoff`` (timezone-aware),
     each in a short transaction of its own; then delete the default partitions' rows
     older than ``cutoff``. ``dry_run`` only counts."""
-    _require_autocommit(conn)
+    require_autocommit(conn, "drop_older_than")
     if cutoff.tzinfo is None:
-        raise ValueError(f"cutoff {cutoff} has no time zone")
+        raise InputError(f"cutoff={cutoff.isoformat()} has no time zone; expected an aware one")
     with _failing_as("cannot inspect the trace store"):
         _require_tables(conn)
         dropped = expired_partitions(conn, cutoff)

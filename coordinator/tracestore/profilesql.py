@@ -3,7 +3,9 @@
 :func:`aggregate` builds, for the members up to a stream-id watermark that finished in a
 window, the candidate and link profiles that folding their observations in stream order
 (:func:`coordinator.core.profiles.update_candidate` / ``update_link``) gives — the reading of
-a row is :func:`observation_from_trace` / :func:`link_observation_from_trace`.
+a row is :func:`coordinator.core.observations.observations`, which the SQL below implements
+with fragments built from that module's constants (:data:`OBSERVED`, :data:`OK`,
+:data:`DELIVERED`, :data:`HAS_LINK`; the harvester's link rows use them too).
 
 - Without decay (the default) one parallel scan groups by (candidate, caller zone, zone)
   with plain counts and sums; Python adds the groups up per candidate and per link.
@@ -30,26 +32,34 @@ from typing import Any
 
 import psycopg
 
+from coordinator.core.observations import CALL_SUCCEEDED, LOST_UNLESS_MEASURED, NOT_OBSERVED
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.core.profiles import (
     PRIOR_ALPHA,
     PRIOR_BETA,
-    CandidateObservation,
     CandidateProfile,
-    LinkObservation,
     LinkProfile,
     Moments,
 )
 from schemas.enums import FailureKind
-from schemas.models import MemberTrace
 
-IDEMPOTENCY_TAKEN = "idempotency key % already taken by %"  # SQL LIKE, see workers.member
 SLACK = 64  # newest rows by finish time scanned beyond the latency window
 Conn = psycopg.Connection[Any]
 
+
+def _kinds(kinds: frozenset[FailureKind]) -> str:
+    return ", ".join(f"'{k.value}'" for k in sorted(kinds))
+
+
+# coordinator.core.observations.observations over a row of members, in SQL.
+OBSERVED = f"(failure_kind IS NULL OR failure_kind NOT IN ({_kinds(NOT_OBSERVED)}))"
+OK = f"(failure_kind IS NULL OR failure_kind IN ({_kinds(CALL_SUCCEEDED)}))"
+DELIVERED = f"(failure_kind IS DISTINCT FROM '{LOST_UNLESS_MEASURED.value}' OR rtt_s IS NOT NULL)"
+HAS_LINK = "(bytes_sent > 0 OR lost OR rtt_s IS NOT NULL)"  # observations.records_link
+
 # Members that are observations, up to the watermark, in the window.
-_FILTER = """finished_at >= %(since)s
-    AND (failure_kind IS DISTINCT FROM 'cancelled' OR failure_reason LIKE %(taken)s)
+_FILTER = f"""finished_at >= %(since)s
+    AND {OBSERVED}
     AND (split_part(stream_id, '-', 1)::bigint, split_part(stream_id, '-', 2)::bigint)
         <= (%(w_ms)s, %(w_seq)s)"""
 
@@ -57,16 +67,15 @@ _ROWS = f"""
 SELECT candidate_id AS pid, caller_zone AS src, zone AS dst, ok, failure_kind,
     split_part(stream_id, '-', 1)::bigint AS ms, split_part(stream_id, '-', 2)::bigint AS seq,
     date_part('epoch', finished_at) AS at,
-    (failure_kind IS DISTINCT FROM 'network' OR rtt_s IS NOT NULL) AS delivered,
+    {DELIVERED} AS delivered,
     CASE WHEN ok AND (judged_at IS NULL OR judged_at <= %(sealed_at)s) THEN quality END AS q,
     CASE WHEN ok THEN proc_latency_s END AS lat,
     tokens_in::float8 AS tin, CASE WHEN ok THEN tokens_out::float8 END AS tout,
-    (bytes_sent > 0 OR lost OR rtt_s IS NOT NULL) AS has_link, lost,
+    {HAS_LINK} AS has_link, lost,
     CASE WHEN NOT lost AND bandwidth_bps > 0 AND bytes_sent > 0
         THEN bytes_sent / (bytes_sent / bandwidth_bps) END AS bw,
     CASE WHEN NOT lost THEN rtt_s END AS rtt
-FROM (SELECT *, (failure_kind IS NULL OR failure_reason LIKE %(taken)s) AS ok
-      FROM members WHERE {_FILTER}) m
+FROM (SELECT *, {OK} AS ok FROM members WHERE {_FILTER}) m
 """
 
 
@@ -82,7 +91,8 @@ def _agg(expr: str | None, cond: str | None, weighted: bool) -> str:
 
 
 def _cand_cols(weighted: bool) -> str:
-    failed = [f"NOT ok AND failure_kind = '{k}'" for k in ("internal", "network", "deadline")]
+    kinds = (FailureKind.INTERNAL, FailureKind.NETWORK, FailureKind.DEADLINE)  # profile counts
+    failed = [f"NOT ok AND failure_kind = '{k.value}'" for k in kinds]
     counts = [_agg(None, c or None, weighted) for c in ["", "delivered", "ok", *failed]]
     return ", ".join(counts + [_agg(x, None, weighted) for x in ("q", "lat", "tin", "tout")])
 
@@ -126,7 +136,7 @@ def _queries(settings: ProfileSettings) -> list[tuple[str, bytes]]:
         return [("both", both.encode())]
     cand = f"WITH rows AS ({_ROWS}), weighted AS ({_weighted('pid', settings)}) "
     cand += f"SELECT pid, NULL, NULL, {_cand_cols(True)}, count(*) FROM weighted GROUP BY pid"
-    link = f"WITH rows AS ({_ROWS} WHERE (bytes_sent > 0 OR lost OR rtt_s IS NOT NULL)), "
+    link = f"WITH rows AS ({_ROWS} WHERE {HAS_LINK}), "
     link += f"weighted AS ({_weighted('src, dst', settings)}) "
     link += f"SELECT NULL, src, dst, {_link_cols(True)}, count(*) FROM weighted GROUP BY src, dst"
     return [("cand", cand.encode()), ("link", link.encode())]
@@ -144,14 +154,13 @@ CROSS JOIN LATERAL (
                 split_part(stream_id, '-', 2)::bigint AS seq
             FROM members
             WHERE candidate_id = c.pid AND {_FILTER} AND proc_latency_s IS NOT NULL
-                AND (failure_kind IS NULL OR failure_reason LIKE %(taken)s)
+                AND {OK}
             ORDER BY finished_at DESC LIMIT %(scan)s
         ) newest ORDER BY ms DESC, seq DESC LIMIT %(latency_window)s
     ) kept
 ) lat
 CROSS JOIN LATERAL (
-    SELECT caller_zone AS src, zone AS dst,
-        (bytes_sent > 0 OR lost OR rtt_s IS NOT NULL) AS has_link,
+    SELECT caller_zone AS src, zone AS dst, {HAS_LINK} AS has_link,
         split_part(stream_id, '-', 1)::bigint AS ms, split_part(stream_id, '-', 2)::bigint AS seq,
         date_part('epoch', finished_at) AS at
     FROM members WHERE candidate_id = c.pid AND {_FILTER}
@@ -242,7 +251,7 @@ def aggregate(
     w_ms, w_seq = split_id(watermark)
     params: dict[str, Any] = {
         "since": since, "sealed_at": sealed_at, "w_ms": w_ms, "w_seq": w_seq,
-        "taken": IDEMPOTENCY_TAKEN, "latency_window": settings.latency_window,
+        "latency_window": settings.latency_window,
         "scan": settings.latency_window + SLACK,
     }  # fmt: skip
     sums = _Sums()
@@ -275,41 +284,3 @@ def _profiles(
         for (src, dst), v in sums.link.items()
     }  # fmt: skip
     return cands, links
-
-
-def observation_from_trace(trace: MemberTrace) -> CandidateObservation | None:
-    """The candidate observation the recompute reads from a stored trace (the SQL above
-    in Python; tests fold these to check the SQL). None: not an observation. A member
-    cancelled with its group is none; one whose idempotency key another member held is a
-    success (its call succeeded; only its side effect was not committed); ``delivered``
-    is not traced: a network failure without a measured request path delay counts as
-    undelivered."""
-    failure = trace.failure_kind
-    reason = trace.failure_reason or ""
-    taken = failure is FailureKind.CANCELLED and reason.startswith("idempotency key ")
-    if failure is FailureKind.CANCELLED and not taken:
-        return None
-    ok = failure is None or taken
-    return CandidateObservation(
-        at_s=trace.finished_at_s,
-        delivered=failure is not FailureKind.NETWORK or trace.rtt_s is not None,
-        failure=None if ok else failure,
-        quality=trace.quality if ok else None,
-        proc_latency_s=trace.proc_latency_s if ok else None,
-        tokens_in=trace.tokens_in,
-        tokens_out=trace.tokens_out,
-    )
-
-
-def link_observation_from_trace(trace: MemberTrace) -> LinkObservation | None:
-    """The link row the harvester stores for a trace (coordinator.tracestore.harvester), when the
-    member is an observation at all."""
-    if observation_from_trace(trace) is None:
-        return None
-    if not (trace.bytes_sent > 0 or trace.lost or trace.rtt_s is not None):
-        return None
-    bw = trace.bandwidth_Bps
-    transfer = trace.bytes_sent / bw if bw is not None and bw > 0 else None
-    return LinkObservation(
-        trace.finished_at_s, float(trace.bytes_sent), trace.lost, transfer, trace.rtt_s
-    )

@@ -17,17 +17,19 @@ One recompute (:func:`recompute`), serialised by a Postgres advisory lock:
    link over ``members`` with ``stream_id <= W`` (compared as two bigints) finishing
    within ``recompute_window_s``, in stream order with the decay of
    :class:`ProfileSettings`: the profile that folding the same observations
-   (:func:`coordinator.tracestore.profilesql.observation_from_trace`) gives.
+   (:func:`coordinator.core.observations.observations`) gives.
 4. **Publish**: insert into ``profile_snapshots`` (``version`` is its bigserial), then in
    one Redis ``MULTI`` replace the snapshot (epoch ``e``, watermark ``W``) and delete the
    deltas of epochs ``<= e`` (:func:`coordinator.state.epochs.publish`). Readers merge the
    snapshot with the deltas of epochs ``> e`` only: nothing counted twice, nothing dropped.
 
-What a trace row says about its candidate (mirrors ``workers.member._harvest``): a
-member cancelled with its group is not an observation; one whose idempotency key was
-taken by another member is a success (its call succeeded; only the side effect was not
-committed). ``delivered`` is not in the trace: a network failure without a measured
-request path delay (``rtt_s``) counts as undelivered, anything else as delivered.
+What a trace row says about its candidate and its link is the one reading of
+:func:`coordinator.core.observations.observations` (which the worker's online fold uses
+too): a member cancelled with its group is not an observation; one whose idempotency key
+another member held (``idempotency_taken``) is a success (its call succeeded; only the
+side effect was not committed). ``delivered`` is not in the trace: a network failure
+without a measured request path delay (``rtt_s``) counts as undelivered, anything else
+as delivered.
 
 Known limits, by design of the data, not of the split: a trace dead-lettered or trimmed
 from the stream before it was stored is in the online deltas until the recompute and not
@@ -58,7 +60,7 @@ from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import CandidateProfile, LinkProfile
 from coordinator.errors import DatabaseError, StoreError
 from coordinator.state import epochs, keys
-from coordinator.tracestore.db import connect
+from coordinator.tracestore.db import connect, require_autocommit
 from coordinator.tracestore.profilesql import aggregate
 
 RECOMPUTE_LOCK = 0x4841_434F_0003  # advisory lock key (migrate.py uses ..0001, ..0002)
@@ -133,10 +135,7 @@ def recompute(
     store; ``r``: the application database. Raises StoreError (the harvester is behind,
     Redis failed) or DatabaseError."""
     profile = profile or ProfileSettings()
-    if not conn.autocommit:
-        raise ValueError(
-            "recompute needs an autocommit connection (coordinator.tracestore.db.connect)"
-        )
+    require_autocommit(conn, "recompute")
     try:
         got = conn.execute("SELECT pg_try_advisory_lock(%s)", [RECOMPUTE_LOCK]).fetchone()
         if not (got and got[0]):

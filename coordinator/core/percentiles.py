@@ -1,0 +1,66 @@
+"""Percentiles and medians, each defined once (numpy underneath, no hand-written loops).
+
+- :func:`nearest_rank`: the method's percentile (the hedge delay, the profiles' latency
+  percentiles): an observed value, the smallest with at least p % of the values at or
+  below it. It is ``np.percentile(values, p, method="inverted_cdf")`` but for float noise:
+  numpy's ``n * p / 100`` can land just above a whole rank (28 % of 25 values gives rank 8
+  there, not 7), so the rank is computed here, rounded, and the value picked by numpy.
+- :func:`median`: the middle value, or the mean of the two middle ones; equal to
+  ``np.median``, which costs about 9 µs against 1 µs here, and the allocation rule takes
+  a median on every decision.
+- :func:`lower` and :func:`interpolated`: numpy's ``lower`` and ``linear`` methods, for
+  the benchmarks' summaries of measured times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from coordinator.errors import InputError
+
+Values = Sequence[float] | npt.NDArray[np.float64]
+
+
+def nearest_rank(values: Values, percentile: float) -> float:
+    """The nearest-rank ``percentile`` (0 ≤ p ≤ 100; 0 gives the smallest value) of
+    non-empty ``values``: the smallest value with at least p % of the values at or below
+    it. 95 % of 20 values is the 19th smallest."""
+    n = len(values)
+    if n == 0:
+        raise InputError("nearest_rank got no values; expected at least one")
+    if not 0.0 <= percentile <= 100.0:
+        raise InputError(f"percentile={percentile!r}; expected a number in [0, 100]")
+    # Rounded first so that e.g. 95 % of 20 is rank 19, not 20 through float noise.
+    rank = min(max(math.ceil(round(percentile * n / 100.0, 9)), 1), n)
+    return float(np.partition(np.asarray(values, dtype=float), rank - 1)[rank - 1])
+
+
+def median(values: Values, default: float | None = None) -> float:
+    """The median of ``values`` (as ``np.median``); ``default`` when there are none."""
+    if len(values) == 0:
+        if default is None:
+            raise InputError("median got no values and no default; expected at least one")
+        return default
+    ordered = np.sort(np.asarray(values, dtype=float))
+    mid = ordered.shape[0] // 2
+    if ordered.shape[0] % 2:
+        return float(ordered[mid])
+    return 0.5 * float(ordered[mid - 1] + ordered[mid])
+
+
+def lower(values: Values, percentile: float) -> float:
+    """numpy's ``lower`` percentile: the value at index ⌊p/100 · (n − 1)⌋ of the sorted
+    values (no interpolation)."""
+    return float(np.percentile(np.asarray(values, dtype=float), percentile, method="lower"))
+
+
+def interpolated(values: Values, *percentiles: float) -> list[float]:
+    """numpy's default (linear) percentiles of ``values``; NaN for each when empty."""
+    if len(values) == 0:
+        return [math.nan] * len(percentiles)
+    arr = np.asarray(values, dtype=float)
+    return [float(v) for v in np.percentile(arr, percentiles)]

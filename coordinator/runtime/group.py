@@ -1,0 +1,126 @@
+"""A hedge group as the coordinator runs it, and what its close records: every member's
+summary, the verdict (:class:`schemas.models.GroupVerdict`, harvested into
+``invocations``) and the operator counters. Pure functions of the group; the coordinator
+(:mod:`coordinator.runtime.coordinator`) does the I/O."""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from coordinator.core.methods import Decision
+from coordinator.core.stagger import Launcher
+from coordinator.runtime.pool import CallSettings
+from coordinator.runtime.results import MemberSummary
+from schemas.enums import GroupState, MemberStatus
+from schemas.models import Candidate, GroupVerdict, MemberReport, RoleInvocation
+
+
+class Alarm:
+    """One pending wake-up of a group; cancelled when replaced or when the group ends."""
+
+    def __init__(self, at_s: float = math.nan) -> None:
+        self.at_s = at_s
+        self._timer: threading.Timer | None = None
+
+    def start(self, delay_s: float, action: Callable[[], None]) -> None:
+        self._timer = threading.Timer(delay_s, action)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+@dataclass
+class Group:
+    id: str
+    role: str
+    call: CallSettings
+    decision: Decision
+    candidates: list[Candidate]  # in rank order
+    t0: float
+    deadline_at: float
+    launcher: Launcher
+    payload: RoleInvocation
+    request_bytes: int
+    reports: list[MemberReport | None] = field(default_factory=list)
+    launched_at: list[float | None] = field(default_factory=list)
+    backups: int = 0
+    alarm: Alarm = field(default_factory=Alarm)
+    state: GroupState = GroupState.PLANNED  # RUNNING from the first launch, then a verdict
+
+    def member_id(self, rank: int) -> str:
+        return f"{self.id}.{rank}"
+
+
+def summaries(g: Group, now: float, cancel: bool) -> tuple[list[MemberSummary], list[int]]:
+    """Every member's summary at the close, and the ranks of those recorded as lost
+    (launched, no report, past the deadline: timed out)."""
+    out, lost = [], []
+    for rank, cand in enumerate(g.candidates):
+        rep, launched_at = g.reports[rank], g.launched_at[rank]
+        row = functools.partial(MemberSummary, g.member_id(rank), cand.id, cand.zone, rank)
+        if rep is not None:
+            t = rep.trace
+            out.append(
+                row(t.status, True, t.latency_s, t.failure_reason, t.tokens_in, t.tokens_out)
+            )
+        elif launched_at is None:
+            out.append(row(MemberStatus.QUEUED, False))
+        elif now >= g.deadline_at:
+            reason = f"no report within deadline_s={g.call.deadline_s}"
+            out.append(row(MemberStatus.TIMED_OUT, True, now - launched_at, reason))
+            lost.append(rank)
+        else:
+            out.append(row(MemberStatus.CANCELLED if cancel else MemberStatus.RUNNING, True))
+    return out, lost
+
+
+def group_verdict(
+    g: Group, state: GroupState, winner: str | None, members: list[MemberSummary], now: float
+) -> GroupVerdict:
+    """The record of the group's outcome the harvester upserts into ``invocations``."""
+    by_status = Counter(m.status for m in members if m.launched)
+    return GroupVerdict(
+        group_id=g.id,
+        role=g.role,
+        state=state,
+        winner_member=winner,
+        p_success=g.decision.p_success,
+        stop=g.decision.stop,
+        launch_mode=g.call.launch_mode,
+        winner_mode=g.call.winner_mode,
+        started_at_s=g.t0,
+        decided_at_s=max(now, g.t0),
+        latency_s=max(0.0, now - g.t0),
+        planned=len(members),
+        launched=sum(by_status.values()),
+        succeeded=by_status[MemberStatus.SUCCEEDED],
+        failed=by_status[MemberStatus.FAILED],
+        timed_out=by_status[MemberStatus.TIMED_OUT],
+        cancelled=by_status[MemberStatus.CANCELLED],
+        running=by_status[MemberStatus.RUNNING],
+        backups=g.backups,
+    )
+
+
+def metrics(g: Group, state: GroupState, winner_rank: int | None) -> dict[str, int]:
+    """The operator counters a close adds (keys.METRICS)."""
+    counts = {"invocations": 1, f"state:{state.value}": 1}
+    if g.launcher.launched > 1:
+        counts["hedged"] = 1
+    if g.backups:
+        counts["backups"] = g.backups
+        if winner_rank is not None and winner_rank > 0:
+            counts["backup_wins"] = 1
+    if not g.launcher.timer_on:
+        counts["budget_refused"] = 1
+    counts[f"launch:{g.call.launch_mode.value}"] = 1
+    return counts
