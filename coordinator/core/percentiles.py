@@ -6,8 +6,9 @@
   numpy's ``n * p / 100`` can land just above a whole rank (28 % of 25 values gives rank 8
   there, not 7), so the rank is computed here, rounded, and the value picked by numpy.
 - :func:`median`: the middle value, or the mean of the two middle ones; equal to
-  ``np.median``, which costs about 9 µs against 1 µs here, and the allocation rule takes
-  a median on every decision.
+  ``np.median``, which costs about 9 µs where the allocation rule takes three medians of
+  a handful of values on every decision: a Python sequence goes through the standard
+  library's ``statistics.median`` (≈ 0.3 µs for six values), an array through numpy.
 - :func:`lower` and :func:`interpolated`: numpy's ``lower`` and ``linear`` methods, for
   the benchmarks' summaries of measured times.
 """
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -45,7 +47,9 @@ def median(values: Values, default: float | None = None) -> float:
         if default is None:
             raise InputError("median got no values and no default; expected at least one")
         return default
-    ordered = np.sort(np.asarray(values, dtype=float))
+    if not isinstance(values, np.ndarray):
+        return float(statistics.median(values))
+    ordered = np.sort(values.astype(float, copy=False))
     mid = ordered.shape[0] // 2
     if ordered.shape[0] % 2:
         return float(ordered[mid])
