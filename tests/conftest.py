@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 import redis
-from services import RunServices, fresh_database
+from psycopg_pool import ConnectionPool
+from services import RunServices, fresh_database, open_pool
 
 _SERVICES = pytest.StashKey[RunServices]()
 
@@ -79,3 +81,24 @@ def pg_url(request: pytest.FixtureRequest, pg_admin_url: str) -> Iterator[str]:
     stem = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
     with fresh_database(pg_admin_url, stem) as url:
         yield url
+
+
+# The trace-store suites (harvester, recompute, outcomes) share these three.
+@pytest.fixture
+def r(redis_db: redis.Redis) -> redis.Redis:
+    return redis_db
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[str]:
+    """The module's database, emptied of every trace-store row before the test."""
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("TRUNCATE members, invocations, link_observations, profile_snapshots")
+    yield pg_url
+
+
+@pytest.fixture
+def pool(db: str) -> Iterator[ConnectionPool]:
+    p = open_pool(db)
+    yield p
+    p.close()

@@ -56,6 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import redis
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import ConnectionPool
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -309,3 +310,13 @@ class RunServices:
             if self._root is not None:
                 shutil.rmtree(self._root, ignore_errors=True)
             self._pg, self._redis, self._root = None, None, None
+
+
+def open_pool(url: str, timeout: float = 10.0) -> ConnectionPool:
+    """A small, checked connection pool on ``url``, opened (the harvester's kind)."""
+    pool = ConnectionPool(
+        url, min_size=1, max_size=2, timeout=timeout, open=False,
+        check=ConnectionPool.check_connection,
+    )  # fmt: skip
+    pool.open(wait=True, timeout=30)
+    return pool

@@ -20,7 +20,7 @@ import pytest
 import redis
 from polling import wait_for
 from psycopg_pool import ConnectionPool
-from services import UNREACHABLE_REDIS_URL, private_state_dir
+from services import UNREACHABLE_REDIS_URL, open_pool, private_state_dir
 from typer.testing import CliRunner
 
 from coordinator.cli.main import app
@@ -88,36 +88,8 @@ def scalar(url: str, query: str) -> Any:
         return None if row is None else row[0]
 
 
-def open_pool(url: str, timeout: float = 10.0) -> ConnectionPool:
-    pool = ConnectionPool(
-        url, min_size=1, max_size=2, timeout=timeout, open=False,
-        check=ConnectionPool.check_connection,
-    )  # fmt: skip
-    pool.open(wait=True, timeout=30)
-    return pool
-
-
 def metrics(r: redis.Redis) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in r.hgetall(keys.METRICS).items()}
-
-
-@pytest.fixture
-def r(redis_db: redis.Redis) -> redis.Redis:
-    return redis_db
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[str]:
-    with psycopg.connect(pg_url) as conn:
-        conn.execute("TRUNCATE members, invocations, link_observations")
-    yield pg_url
-
-
-@pytest.fixture
-def pool(db: str) -> Iterator[ConnectionPool]:
-    p = open_pool(db)
-    yield p
-    p.close()
 
 
 def test_a_batch_lands_in_members_invocations_and_links(

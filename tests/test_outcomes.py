@@ -8,7 +8,6 @@ run's own database in each, tests/services.py); the runtime is the in-process on
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -53,26 +52,6 @@ class Crash(Exception):
 
 def crash() -> None:
     raise Crash
-
-
-@pytest.fixture
-def r(redis_db: redis.Redis) -> redis.Redis:
-    return redis_db
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[str]:
-    with psycopg.connect(pg_url) as conn:
-        conn.execute("TRUNCATE members, invocations, link_observations")
-    yield pg_url
-
-
-@pytest.fixture
-def pool(db: str) -> Iterator[ConnectionPool]:
-    p = ConnectionPool(db, min_size=1, max_size=2, open=False)
-    p.open(wait=True, timeout=30)
-    yield p
-    p.close()
 
 
 def hsettings() -> HacoSettings:

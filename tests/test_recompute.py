@@ -201,26 +201,6 @@ def test_a_delta_of_late_judgements_only_adds_evidence() -> None:
 
 
 @pytest.fixture
-def db(pg_url: str) -> Iterator[str]:
-    with psycopg.connect(pg_url) as conn:
-        conn.execute("TRUNCATE members, invocations, link_observations, profile_snapshots")
-    yield pg_url
-
-
-@pytest.fixture
-def r(redis_db: redis.Redis) -> redis.Redis:
-    return redis_db
-
-
-@pytest.fixture
-def pool(db: str) -> Iterator[ConnectionPool]:
-    p = ConnectionPool(db, min_size=1, max_size=2, open=False)
-    p.open(wait=True, timeout=30)
-    yield p
-    p.close()
-
-
-@pytest.fixture
 def conn(db: str) -> Iterator[psycopg.Connection[Any]]:
     with connect(db) as c:
         yield c
