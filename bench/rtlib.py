@@ -28,6 +28,7 @@ from coordinator.config import HacoSettings
 from coordinator.core.percentiles import interpolated
 from coordinator.runtime.client import HacoClient
 from coordinator.runtime.dispatch import CeleryDispatcher
+from coordinator.runtime.liveness import parse_started
 from coordinator.runtime.pool import load_pool
 from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.services.supervisor import Stack
@@ -212,7 +213,7 @@ class TimedStore(RedisStore):
 
     def pop_reply(self, group_id: str, timeout_s: float) -> str | None:
         raw = super().pop_reply(group_id, timeout_s)
-        if raw is not None:
+        if raw is not None and parse_started(raw) is None:  # a report, not a start signal
             self.marks.woke.setdefault(group_id, time.time())
         return raw
 

@@ -20,6 +20,7 @@ env -u HACO_REDIS_URL "$py" -m bench.runtime all --json out/bench/runtime.json >
 "$py" -m bench.ingest --harvesters 2 > out/bench/ingest2.json
 "$py" -m bench.recompute > out/bench/recompute.json
 env -u HACO_REDIS_URL "$py" -m bench.harvest_lag > out/bench/harvest-lag.json
+env -u HACO_REDIS_URL "$py" -m bench.darkzone > out/bench/darkzone.json
 # Import cost of this tree; the before/after table in docs/BENCHMARKS.md adds
 # --before PATH (a worktree of 1af3c4e).
 "$py" -m bench.imports --top 5 > out/bench/imports.json

@@ -38,12 +38,45 @@ class HacoSettings(BaseSettings):
     # Keep losers running after a winner so their traces feed the profiles (the paper);
     # False cancels them to save cost.
     cancel_losers: bool = False
-    # How often a running member checks its group's cancel flag. Bounds how long a
-    # cancelled member keeps spending after the winner.
+    # A running member learns of its group's cancel from its worker process's cancel
+    # watcher (coordinator/state/cancelwatch.py), in memory. A backend that cannot wait
+    # on it (or a member without a watcher, which then reads Redis) checks this often:
+    # bounds how long a cancelled member keeps spending after the winner.
     cancel_poll_s: Seconds = 0.005
+    # The watcher thread wakes at least this often to notice its own shutdown (a cancel
+    # wakes it at once); after losing Redis it resubscribes every cancel_watch_retry_s,
+    # then re-reads the state of every group it runs members of (nothing is missed).
+    cancel_watch_idle_s: Seconds = 1.0
+    cancel_watch_retry_s: Seconds = 0.5
     # Group keys outlive the group by this much, so late members can still see that
     # their group is resolved or cancelled and reports can be read for harvesting.
     group_ttl_s: Seconds = 600.0
+
+    # Liveness of members (coordinator/core/patience.py, coordinator/runtime/liveness.py).
+    # A member no worker started within max(start_timeout_min_s, start_timeout_factor ×
+    # p95 of its zone's recent queue waits) is given up and recorded as lost on the link
+    # to its zone: its queue is not consumed (the zone went dark). The floor keeps a
+    # healthy zone with a momentarily busy broker from being declared dark (an idle
+    # worker takes a task within milliseconds); the factor leaves room for the queueing
+    # a loaded zone normally shows. The waits are this process's last start_wait_window
+    # ones per zone; fewer than start_wait_min_samples use the floor alone.
+    start_timeout_min_s: Seconds = 2.0
+    start_timeout_factor: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 5.0
+    start_wait_window: Annotated[int, Field(ge=1, le=100_000)] = 200
+    start_wait_min_samples: Annotated[int, Field(ge=1)] = 20
+    # A zone found dark (a member not started in time) sits out planning this long (the
+    # candidates' cooldown, as after a rate limit), then the next invocation probes it
+    # again: one start timeout per this period while it stays dark, and routing around
+    # it at once however long the link's clean history (ℓ_net, a long-run rate, needs
+    # many losses to outweigh it). Short enough that a zone back up is used again soon.
+    dark_zone_cooldown_s: Seconds = 30.0
+    # A started member that has not reported within max(patience_min_s, patience_factor ×
+    # its candidate's expected processing latency t_proc) no longer holds back the ranked
+    # rule: the best success in hand wins. The floor covers a cold or very fast
+    # candidate's estimate (t_proc is a mean: the factor covers its tail). It is only
+    # counted against the candidate (a TIMEOUT) when no report comes by the deadline.
+    patience_min_s: Seconds = 1.0
+    patience_factor: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 4.0
 
     # Staggered launch: the hedge delay is this percentile of the role's recent
     # completions, over this many completions; until the window has min_samples, the
@@ -104,9 +137,41 @@ class HacoSettings(BaseSettings):
     # Celery. The broker's visibility timeout must exceed the longest deadline, or a
     # slow unacknowledged member would be redelivered to a second worker.
     visibility_timeout_s: Seconds = 3_600.0
-    worker_concurrency: Annotated[int, Field(ge=1, le=1024)] = 16
+    # Threads per worker (Celery threads pool): members are I/O-bound (they wait on a
+    # model), so one process holds hundreds in flight. Prefetch is concurrency × 1.
+    worker_concurrency: Annotated[int, Field(ge=1, le=4096)] = 512
+    # The judge worker's threads (`haco worker --judge`): each judgement opens a Postgres
+    # connection, so far fewer than a zone worker's (Postgres' max_connections).
+    judge_concurrency: Annotated[int, Field(ge=1, le=1024)] = 16
+    # A worker process's Redis connections (a blocking pool): members hold one only for a
+    # command, never for a call, so far fewer than worker_concurrency; a member waits up
+    # to worker_redis_wait_s for a free one (StoreError after that).
+    worker_redis_connections: Annotated[int, Field(ge=2, le=10_000)] = 64
+    worker_redis_wait_s: Seconds = 30.0
     # Celery task events feed Flower and `celery events`. They cost three extra broker
     # messages per member (two before it starts), so they are opt-in.
     task_events: bool = False
     # Simulated backends run in real time scaled by this factor (0.01 = 100× faster).
     sim_time_scale: Annotated[float, Field(gt=0.0, le=100.0)] = 0.02
+    # Real model endpoints (workers/backends/openai.py): one HTTP connection pool per
+    # worker process, big enough for every in-flight member (worker_concurrency) to hold
+    # a connection; idle ones are kept up to http_max_keepalive, for
+    # http_keepalive_expiry_s. Per-candidate timeouts are in the pool config.
+    http_max_connections: Annotated[int, Field(ge=1, le=100_000)] = 1024
+    http_max_keepalive: Annotated[int, Field(ge=0, le=100_000)] = 256
+    http_keepalive_expiry_s: Seconds = 30.0
+
+    # Real deployment mode (spec §13, workers/probe.py): before a real backend's call the
+    # worker measures the RTT to the candidate's endpoint with probe_samples cheap requests
+    # of probe_timeout_s each; the median successful one is the RTT observation, cached
+    # probe_cache_s per endpoint; when every probe fails, probe_fallback_rtt_s is used.
+    # probe_path is appended to an OpenAI-compatible base_url (a GET of the model list).
+    probe_samples: Annotated[int, Field(ge=1, le=100)] = 3
+    probe_timeout_s: Seconds = 5.0
+    probe_cache_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 30.0
+    probe_fallback_rtt_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.8
+    probe_path: str = "/models"
+    # Winner rule ``best`` with outputs no backend judged (real mode): once every member
+    # has reported, wait up to this long for the judge's scores
+    # (coordinator/runtime/judging.py), then decide with what has been judged.
+    best_judge_wait_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 30.0

@@ -72,3 +72,11 @@ class FailureKind(StrEnum):
     # The call succeeded, but another member already held the invocation's idempotency
     # key: its side effect was not committed and its output is not the group's.
     IDEMPOTENCY_TAKEN = "idempotency_taken"
+    # Failures of a real model endpoint (workers.backends.openai). All of them are the
+    # service's own failures and count towards f_int (coordinator.core.observations);
+    # transport failures (refused, reset, DNS, connect timeout) are NETWORK.
+    RATE_LIMITED = "rate_limited"  # HTTP 429 (its Retry-After becomes a cooldown)
+    SERVER_ERROR = "server_error"  # HTTP 5xx, or another non-success status
+    TIMEOUT = "timeout"  # no headers or no progress within the read/total timeout
+    INVALID_RESPONSE = "invalid_response"  # not the protocol: bad JSON, no choices
+    CONTENT_FILTERED = "content_filtered"  # refused by the provider's content filter

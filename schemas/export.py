@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from schemas.backends import AzureSettings, OpenAISettings
 from schemas.models import (
     Candidate,
     GroupVerdict,
@@ -35,6 +36,8 @@ MODELS: dict[str, type[BaseModel]] = {
     "member_task": MemberTask,
     "member_report": MemberReport,
     "group_verdict": GroupVerdict,
+    "openai_backend_settings": OpenAISettings,
+    "azure_backend_settings": AzureSettings,
 }
 
 JSON_DIR = Path(__file__).resolve().parent / "json"

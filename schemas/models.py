@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from schemas.backends import ENDPOINT_SETTINGS
 from schemas.enums import (
     FailureKind,
     GroupState,
@@ -28,10 +29,20 @@ class _Strict(BaseModel):
 
 
 class BackendSpec(_Strict):
-    """How a worker reaches the model behind a candidate."""
+    """How a worker reaches the model behind a candidate: ``sim`` (the simulator),
+    ``openai`` (any OpenAI-compatible server) or ``azure`` (Azure OpenAI), whose settings
+    are checked against :data:`schemas.backends.ENDPOINT_SETTINGS`; ``http`` is a
+    placeholder no worker serves (tests)."""
 
-    kind: Annotated[str, Field(pattern=r"^(sim|http)$")] = "sim"
+    kind: Annotated[str, Field(pattern=r"^(sim|http|openai|azure)$")] = "sim"
     settings: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _typed_settings(self) -> BackendSpec:
+        model = ENDPOINT_SETTINGS.get(self.kind)
+        if model is not None:
+            model.model_validate(self.settings)  # a ValidationError names the bad field
+        return self
 
 
 class Candidate(_Strict):
@@ -43,6 +54,9 @@ class Candidate(_Strict):
     zone: ZoneName
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.0
     failure_rate: Probability = 0.0
+    # Real mode (spec §13): the share of calls that fail before any request is sent, an
+    # operator-injected outage, logged as an agent (internal) failure. 0 = none.
+    real_failure_rate: Probability = 0.0
     backend: BackendSpec = Field(default_factory=BackendSpec)
 
 
@@ -216,6 +230,10 @@ class GroupVerdict(_Strict):
     cancelled: Count = 0
     running: Count = 0
     backups: Count = 0  # members launched by the hedge timer (charged to the budget)
+    # The rule that picked the winner (``winner_mode``, or ``ranked`` when ``best`` had no
+    # judged outputs) and why it differs from plain ``winner_mode`` (None: it does not).
+    winner_rule: WinnerMode | None = None
+    fallback_reason: str | None = Field(default=None, max_length=500)
 
     @model_validator(mode="after")
     def _consistent(self) -> GroupVerdict:

@@ -21,6 +21,9 @@ class RoleDefaults(_Strict):
     launch_mode: LaunchMode | None = None
     winner_mode: WinnerMode | None = None
     deadline_s: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    # Count the link's mean RTT in the allocation rule's T (real mode, spec §13;
+    # coordinator.core.params.PolicyParams.use_rtt). None: the runtime's params decide.
+    use_rtt: bool | None = None
 
 
 class SimSection(_Strict):

@@ -16,6 +16,7 @@ from coordinator.runtime.coordinator import Coordinator, InvocationResult
 from coordinator.runtime.dispatch import ThreadDispatcher
 from coordinator.runtime.pool import Pool
 from coordinator.state.budget import MemoryBudget
+from coordinator.state.cancelwatch import MemoryCancelWatcher
 from coordinator.state.hedgedelay import MemoryDelayWindow
 from coordinator.state.memstore import MemoryStore
 from schemas.enums import FailureKind
@@ -154,7 +155,10 @@ def build_runtime(
     base: dict[str, Any] = {"default_deadline_s": 3.0, "cancel_poll_s": 0.002}
     settings = HacoSettings(**{**base, **overrides})
     store, delays, budget = MemoryStore(), MemoryDelayWindow(settings), MemoryBudget(settings)
-    ctx = MemberContext(store=store, backends=lambda _t: backend, settings=settings, delays=delays)
+    cancels = MemoryCancelWatcher(store.on_cancel, store.group_state)
+    ctx = MemberContext(
+        store=store, backends=lambda _t: backend, settings=settings, delays=delays, cancels=cancels
+    )
     pool = pool or small_pool()
     dispatcher = ThreadDispatcher(lambda t: execute_member(t, ctx), pool.zones, max_workers)
     rng = np.random.default_rng(7)

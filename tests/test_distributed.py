@@ -16,6 +16,7 @@ same U⁺ and the rank order is the pool order (``ROLES`` below).
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -40,12 +41,14 @@ from coordinator.runtime.pool import load_pool
 from coordinator.services.supervisor import Stack, start_stack
 from coordinator.state import keys
 from coordinator.state.budget import RedisBudget
-from schemas.enums import GroupState, MemberStatus
+from schemas.enums import FailureKind, GroupState, MemberStatus
 from schemas.models import GroupVerdict, MemberReport, MemberTrace
 
 HACO = str(Path(sys.executable).with_name("haco"))
 SCALE = 0.02  # simulated seconds x SCALE = wall-clock seconds
 MODELS = {"fast": 0.05, "medium": 0.3, "long": 1.2, "slow": 2.0}  # wall-clock seconds
+MODELS |= {"fast-good": 0.05, "fast-fair": 0.05}  # judged nearly without noise:
+QUALITY = {"fast-good": (0.85, 1000), "fast-fair": (0.6, 1000)}  # (mean, concentration)
 MAIN_ZONES = ("local", "regional", "global")
 SOLO = "solo"  # served by one single-threaded worker
 ZONES = (*MAIN_ZONES, SOLO)
@@ -59,6 +62,7 @@ ROLES: dict[str, list[tuple[str, str, int]]] = {
     "effect": [("fast", z, 0) for z in MAIN_ZONES],
     "budget": [("medium", z, 0) for z in MAIN_ZONES],
     "doomed": [("long", "regional", 0), ("fast", "local", 0)],
+    "dark": [("fast-good", "global", 0), ("fast-fair", "regional", 0), ("fast-fair", "local", 0)],
 }
 BURST = 3
 BUDGET_SCRIPT = """
@@ -83,7 +87,8 @@ def write_pool(folder: Path) -> Path:
         lines += ["[[links]]", 'a = "local"', f'b = "{zone}"', "latency_ms = 1", "jitter_ms = 0"]
         lines += ["bandwidth_tokens_per_ms = 1000", "loss = 0"]
     for name, seconds in MODELS.items():
-        lines += [f"[models.{name}]", "quality = { mean = 0.6, concentration = 10 }"]
+        mean, conc = QUALITY.get(name, (0.6, 10))
+        lines += [f'[models."{name}"]', f"quality = {{ mean = {mean}, concentration = {conc} }}"]
         lines += [f'latency = {{ kind = "lognormal", median_s = {seconds / SCALE}, sigma = 0 }}']
         lines += ["tokens_out = { median = 20, sigma = 0 }"]
     lines += ["[evaluator]", 'model = "fast"', 'zone = "local"']
@@ -116,7 +121,8 @@ def reports(r: redis.Redis, group_id: str, source: str) -> dict[str, MemberTrace
     """Member traces of a group, by member id, from its reply list (reports the
     coordinator did not consume) or from the trace stream (executed members only)."""
     if source == "replies":
-        raw = r.lrange(keys.group_replies(group_id), 0, -1)
+        # Not the workers' start signals (coordinator.runtime.liveness), only reports.
+        raw = [x for x in r.lrange(keys.group_replies(group_id), 0, -1) if x.startswith(b"{")]
     else:
         field = keys.REPORT_FIELD.encode()  # not the groups' verdicts
         raw = [fields[field] for _, fields in r.xrange(keys.TRACES) if field in fields]
@@ -354,13 +360,57 @@ def test_worker_killed_mid_task(svc: Services) -> None:
         finally:
             svc.restart_worker(zone)
     # Rank 0 would have won at 1.2 s; killed before, its report never comes, so rank 1
-    # wins at the deadline (a kill after rank 0 finished would show as rank 0 winning).
+    # wins when rank 0's patience runs out (issue 8: max(patience_min_s = 1 s, 4 × its
+    # cold t_proc) after it started), before the deadline (a kill after rank 0 finished
+    # would show as rank 0 winning).
     assert res.state is GroupState.WON
     assert (res.winner_id, res.zone) == (f"{res.group_id}.1", "local")
-    assert res.latency_s < deadline_s + 1.0
+    assert res.latency_s < deadline_s
     lost = res.members[0]
     assert lost.status in (MemberStatus.TIMED_OUT, MemberStatus.FAILED)
-    assert lost.reason == f"no report within deadline_s={deadline_s}"
+    assert lost.reason == "no report within its patience (1 s after it started)"
+
+
+def p95(latencies: Sequence[float]) -> float:
+    return sorted(latencies)[max(0, math.ceil(0.95 * len(latencies)) - 1)]
+
+
+def test_a_zone_that_goes_dark_is_routed_around(svc: Services) -> None:
+    """Issue 8: the only worker of the best-ranked zone is SIGKILLed between invocations
+    (its candidate judged 0.85, as fast as the others judged 0.6).
+    Its members are never started: each group gives them up at the start timeout (not
+    its deadline), records the loss on the link to that zone, and within a few
+    invocations the zone ranks below a live one and latency is back to what it was."""
+    zone, deadline_s, n_after = "global", 3.0, 30
+    settings = svc.settings(start_timeout_min_s=0.3)
+    with HacoClient(settings, redis_url=svc.url) as client:
+        before = [client.invoke("dark", "hi", deadline_s=deadline_s) for _ in range(8)]
+        assert {r.zone for r in before[-4:]} == {zone}  # the best candidate, ranked first
+        proc = svc.stack.workers[zone]
+        proc.kill()  # SIGKILL: no goodbye, its queue is simply no longer consumed
+        proc.wait()
+        try:
+            after = [client.invoke("dark", "hi", deadline_s=deadline_s) for _ in range(n_after)]
+        finally:
+            svc.restart_worker(zone)
+    assert all(r.state is GroupState.WON and r.zone != zone for r in after)
+    # Not even the first invocation waited for its deadline: the start timeout bounds it.
+    assert max(r.latency_s for r in after) < deadline_s / 2
+    # The first one still ranked the dark zone first: it waited for the start timeout.
+    gave_up = [m for m in after[0].members if m.zone == zone and m.reason]
+    assert gave_up and gave_up[0].reason.startswith("not started within"), after[0].members
+    assert after[0].latency_s >= 0.3
+    # Within 20 invocations the p95 is back within 1.5x of before the kill: the p95 of
+    # the 20 after the first 10 (a p95 of 20 tolerates one outlier: a loaded machine).
+    # (The first ones after the kill may still rank the dark zone first, or re-explore
+    # it, until the losses recorded at their members' start timeouts add up.)
+    base = p95([r.latency_s for r in before[2:]])
+    back = [r.latency_s for r in after[10:]]
+    assert p95(back) <= 1.5 * base + 0.01, (base, back)
+    # The losses left traces (for the recompute): on the link, not against the service.
+    lost = [m.member_id for r in after for m in r.members if m.zone == zone and m.reason]
+    traced = wait_reports(svc.r, after[0].group_id, {lost[0]}, "traces")[lost[0]]
+    assert (traced.failure_kind, traced.lost) == (FailureKind.NETWORK, True)
 
 
 def test_cli_invoke_prints_the_outcome(services: Services, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from coordinator.runtime.dispatch import ThreadDispatcher
 from coordinator.runtime.results import InvocationResult
 from coordinator.state import keys
 from coordinator.state.budget import MemoryBudget
+from coordinator.state.cancelwatch import RedisCancelWatcher
 from coordinator.state.hedgedelay import MemoryDelayWindow
 from coordinator.state.store import RedisStore
 from coordinator.tracestore.harvester import Harvester
@@ -98,7 +99,9 @@ class Runtime:
         self.store = RedisStore(r)
         self.backend = ScriptedBackend(script)
         delays = MemoryDelayWindow(settings)
+        self.cancels = RedisCancelWatcher(r, settings.cancel_watch_idle_s, 0.05)
         ctx = MemberContext(self.store, lambda _t: self.backend, settings, delays)
+        ctx.cancels = self.cancels
         pool = small_pool(len(script))
         self.dispatcher = ThreadDispatcher(lambda t: execute_member(t, ctx), pool.zones, 8)
         self.coordinator = Coordinator(
@@ -113,6 +116,7 @@ class Runtime:
 
     def close(self) -> None:
         self.dispatcher.close()  # every member done: every trace is in the stream
+        self.cancels.close()
 
 
 def test_a_real_run_ends_with_its_verdict_in_postgres(

@@ -33,7 +33,12 @@ from coordinator.cli import profiles as cli_profiles
 from coordinator.cli.main import app
 from coordinator.config import HacoSettings
 from coordinator.core.evidence import link_id
-from coordinator.core.observations import observations
+from coordinator.core.observations import (
+    CALL_SUCCEEDED,
+    NOT_OBSERVED,
+    SERVICE_FAILURES,
+    observations,
+)
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -378,8 +383,14 @@ def test_the_sql_reads_every_kind_of_trace_as_observations_does(
         assert_same(links[lk], want_l[lk], lk)
     # Every kind is in the grid, and each counts where observations says it does.
     read = [observations(t)[0] for t in traces]
-    assert sum(p.observations for p in want_c.values()) == len(traces) * 5 // 6  # not cancelled
-    assert sum(1 for o in read if o and o.failure is None) == len(traces) // 3  # ok and taken
+    per_kind = len(traces) // (len(FailureKind) + 1)  # every kind and success, alike
+    observed = len(traces) - per_kind * len(NOT_OBSERVED)  # not cancelled
+    assert sum(p.observations for p in want_c.values()) == observed
+    ok = per_kind * (1 + len(CALL_SUCCEEDED))  # ok and taken
+    assert sum(1 for o in read if o and o.failure is None) == ok
+    if math.isinf(cfg.half_life):  # plain counts: every service failure is one for f_int
+        internal = per_kind * len(SERVICE_FAILURES)
+        assert sum(p.internal_failures for p in want_c.values()) == internal
     assert sum(1 for o in read if o and not o.delivered) == 4  # network, no rtt measured
     linked = sorted(t.member_id for t in traces if observations(t)[1])
     with psycopg.connect(db) as pg:

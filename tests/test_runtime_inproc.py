@@ -36,6 +36,7 @@ from coordinator.errors import (
 )
 from coordinator.runtime.pool import Pool, default_pool, load_pool, sim_scenario
 from schemas.enums import (
+    FailureKind,
     GroupSignal,
     GroupState,
     LaunchMode,
@@ -47,6 +48,7 @@ from schemas.models import (
     BackendSpec,
     Candidate,
     GroupVerdict,
+    MemberReport,
     MemberTask,
     Message,
     RoleInvocation,
@@ -168,9 +170,16 @@ def test_deadline_lists_every_member(make_runtime: MakeRuntime) -> None:
         f"{gid}.2": late,
     }
     assert rt.store.group_state(gid) is GroupSignal.CANCELLED
-    assert rt.store.candidates["c1"].deadline_failures == 1  # the lost member is profiled
+    # The lost members are profiled (a hang counts towards f_int), with a trace (issue 8).
+    assert rt.store.candidates["c1"].internal_failures == 1
     rt.reports()
     assert rt.backend.stopped == {"c1", "c2"}  # the cancel flag reached the running members
+    lost = [MemberReport.model_validate_json(x).trace for x in rt.store.traces]
+    lost = [t for t in lost if t.group_id == gid and t.rank > 0]
+    assert sorted((t.rank, t.failure_kind) for t in lost) == [
+        (1, FailureKind.TIMEOUT),
+        (2, FailureKind.TIMEOUT),
+    ]  # once each: the stopped members' own reports were not counted again
 
 
 # ---------------------------------------------------------------- (e) losers

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from polling import wait_for
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -290,6 +291,33 @@ def test_metrics_accumulate(store: RuntimeStore) -> None:
     assert store.metrics() == {"invocations": 2, "hedged": 1, "backups": 3}
 
 
+def test_cooldowns_name_the_cooling_candidates_and_keep_the_longer(store: RuntimeStore) -> None:
+    assert store.cooling([]) == set() and store.cooling(["a", "b"]) == set()
+    store.set_cooldown("a", 300.0, 1300.0)
+    store.set_cooldown("a", 0.2, 1000.2)  # shorter: the longer one stays
+    assert store.cooling(["a", "b", "c"]) == {"a"}
+
+
+def test_a_memory_cooldown_expires_on_its_clock() -> None:
+    now = [100.0]
+    store = MemoryStore(clock=lambda: now[0])
+    store.set_cooldown("a", 7.0, 107.0)
+    now[0] = 106.9
+    assert store.cooling(["a"]) == {"a"}
+    now[0] = 107.0
+    assert store.cooling(["a"]) == set()
+
+
+def test_a_redis_cooldown_is_a_key_with_the_retry_after_as_its_ttl(client: redis.Redis) -> None:
+    store = RedisStore(client)
+    store.set_cooldown("a", 300.0, 1300.0)
+    assert 299_000 < client.pttl(keys.cooldown("a")) <= 300_000
+    store.set_cooldown("a", 600.0, 1600.0)  # longer: it replaces the shorter one
+    assert client.pttl(keys.cooldown("a")) > 300_000
+    store.set_cooldown("b", 0.05, 0.0)
+    wait_for("the short cooldown to expire", lambda: store.cooling(["a", "b"]) == {"a"}, 10.0)
+
+
 # ---------------------------------------------------------------- Redis only
 
 
@@ -325,6 +353,8 @@ OPERATIONS: list[tuple[str, Callable[[RedisStore], Any]]] = [
     ("append a trace", lambda s: s.append_trace("{}", 1000, TTL)),
     ("count metrics", lambda s: s.incr_metrics({"x": 1}, TTL)),
     ("read metrics", lambda s: s.metrics()),
+    ("set a cooldown", lambda s: s.set_cooldown("c", TTL, 0.0)),
+    ("read cooldowns", lambda s: s.cooling(["c"])),
 ]
 
 

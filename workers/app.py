@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import httpx
 import redis
 from celery import Celery
 from pydantic import ValidationError
@@ -29,15 +30,19 @@ from coordinator.runtime.pool import pool_from_settings, sim_scenario
 from coordinator.services import embedded_pg
 from coordinator.state import keys
 from coordinator.state.broker import celery_conf, with_db
+from coordinator.state.cancelwatch import RedisCancelWatcher
 from coordinator.state.codec import text
 from coordinator.state.hedgedelay import RedisDelayWindow
 from coordinator.state.keys import JUDGE_QUEUE, JUDGE_TASK, MEMBER_TASK
 from coordinator.state.store import RedisStore
 from coordinator.tracestore.db import connect
+from schemas.backends import ENDPOINT_SETTINGS
 from schemas.models import Candidate, MemberReport, MemberTask
 from schemas.pool import PoolConfig, SimSection
 from workers.backends.base import Backend
+from workers.backends.openai import ChatBackend
 from workers.backends.simulated import SimBackend
+from workers.backends.transport import PoolLimits, make_client
 from workers.judge import (
     CallableScorer,
     Judged,
@@ -50,6 +55,7 @@ from workers.judge import (
 )
 from workers.maintenance import register_maintenance
 from workers.member import MemberContext, execute_member
+from workers.probe import Probing
 
 # A judge task that finds no member row (not harvested yet), or cannot reach Postgres or
 # Redis, is retried after 0.5 s, doubling up to 60 s, at most 25 times (~19 min).
@@ -66,6 +72,7 @@ def judge_task_for(task: MemberTask, report: MemberReport) -> JudgeTask:
         finished_at_s=t.finished_at_s,
         request=task.payload,
         output=report.output or "",
+        group_id=task.group_id,
     )
 
 
@@ -85,11 +92,21 @@ class WorkerRuntime:
         self._scorer: Scorer | None = None
         self._db_url: str | None = None
         self._send_judge = send_judge
+        self._http: httpx.Client | None = None  # one per process, for every real endpoint
+        self._chats: dict[str, ChatBackend] = {}  # candidate JSON -> its backend
+        self._probing = Probing.from_settings(settings)  # real mode: RTT probe, outages
 
     def _redis(self) -> redis.Redis:
         with self._lock:
             if self._client is None:
-                self._client = redis.Redis.from_url(with_db(self.redis_url, keys.APP_DB))
+                # Hundreds of member threads share a few connections: each holds one for a
+                # command only (cancellation is the watcher's), waiting when all are busy.
+                pool = redis.BlockingConnectionPool.from_url(
+                    with_db(self.redis_url, keys.APP_DB),
+                    max_connections=self.settings.worker_redis_connections,
+                    timeout=self.settings.worker_redis_wait_s,
+                )
+                self._client = redis.Redis(connection_pool=pool)
             return self._client
 
     def context(self) -> MemberContext:
@@ -102,6 +119,11 @@ class WorkerRuntime:
                     settings=self.settings,
                     delays=RedisDelayWindow(client, self.settings),
                     judge=self._judge_sender(),
+                    cancels=RedisCancelWatcher(
+                        client,
+                        self.settings.cancel_watch_idle_s,
+                        self.settings.cancel_watch_retry_s,
+                    ),
                 )
             return self._ctx
 
@@ -141,7 +163,10 @@ class WorkerRuntime:
         if self._db_url is None:
             self._db_url = embedded_pg.trace_store_url(self.settings)
         with connect(self._db_url) as conn:
-            done = judge_member(task, scorer, store, conn, ttl_s=self.settings.profile_ttl_s)
+            done = judge_member(
+                task, scorer, store, conn, ttl_s=self.settings.profile_ttl_s,
+                group_ttl_s=self.settings.group_ttl_s,
+            )  # fmt: skip
         store.incr_metrics({f"judge_{done.outcome.value}": 1}, self.settings.profile_ttl_s)
         return done
 
@@ -157,10 +182,30 @@ class WorkerRuntime:
         pipe.execute()
 
     def backend_for(self, task: MemberTask) -> Backend:
-        return self.backend_for_candidate(task.candidate)
+        return self._probing.wrap(self.backend_for_candidate(task.candidate), task.candidate)
+
+    def http_client(self) -> httpx.Client:
+        """The process's HTTP client (workers.backends.transport), built on first use."""
+        with self._lock:
+            if self._http is None:
+                s = self.settings
+                limits = PoolLimits(
+                    s.http_max_connections, s.http_max_keepalive, s.http_keepalive_expiry_s
+                )
+                self._http = make_client(limits)
+            return self._http
+
+    def _chat_backend(self, candidate: Candidate) -> ChatBackend:
+        key = candidate.model_dump_json()
+        with self._lock:
+            if key not in self._chats:
+                self._chats[key] = ChatBackend(candidate, self.http_client())
+            return self._chats[key]
 
     def backend_for_candidate(self, candidate: Candidate) -> Backend:
         spec = candidate.backend
+        if spec.kind in ENDPOINT_SETTINGS:
+            return self._chat_backend(candidate)
         if spec.kind != "sim":
             raise InputError(f"backend kind {spec.kind!r} is not available in this worker")
         sim = SimSection.model_validate(spec.settings.get("sim", {}))

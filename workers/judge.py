@@ -42,6 +42,7 @@ from schemas.scenario import Scenario
 from workers.backends.base import Backend
 
 PROFILE_TTL_S = HacoSettings.model_fields["profile_ttl_s"].default
+GROUP_TTL_S = HacoSettings.model_fields["group_ttl_s"].default
 
 
 class JudgeTask(BaseModel):
@@ -54,6 +55,9 @@ class JudgeTask(BaseModel):
     finished_at_s: NonNegative
     request: list[Message]
     output: str
+    # The member's hedge group: its judgement also goes to keys.group_judged, for a
+    # coordinator waiting on the ``best`` rule. None: nobody waits (an older payload).
+    group_id: str | None = Field(default=None, min_length=1, max_length=64)
 
 
 class Scorer(Protocol):
@@ -274,18 +278,29 @@ def judge_member(
     pg_conn: Conn,
     settings: ProfileSettings | None = None,
     ttl_s: float = PROFILE_TTL_S,
+    group_ttl_s: float = GROUP_TTL_S,
 ) -> Judged:
     """Score one member and apply it. A missing or already judged row is answered before
-    scoring, so neither a retry nor a redelivery pays for another evaluator call."""
+    scoring, so neither a retry nor a redelivery pays for another evaluator call. An
+    applied or unscorable judgement is also told to the member's group
+    (``store.record_judged``: keys.group_judged and a wake token), for the ``best`` rule."""
     state = _row_state(pg_conn, task.member_id, task.candidate_id, task.finished_at_s)
     if state is not None:
         return Judged(state)
     try:
         q = scorer.score(list(task.request), task.output)
     except ScoreError as exc:
+        _tell_group(store, task, None, group_ttl_s)
         return Judged(Outcome.UNSCORED, reason=str(exc))
     out = apply_judgement(
         store, pg_conn, task.member_id, task.candidate_id, task.finished_at_s, q,
         settings=settings, ttl_s=ttl_s,
     )  # fmt: skip
+    if out is Outcome.APPLIED:
+        _tell_group(store, task, q, group_ttl_s)
     return Judged(out, score=q)
+
+
+def _tell_group(store: JudgeStore, task: JudgeTask, q: float | None, ttl_s: float) -> None:
+    if task.group_id is not None:
+        store.record_judged(task.group_id, task.member_id, q, ttl_s)

@@ -21,13 +21,18 @@ from coordinator.core.evidence import link_id
 from coordinator.core.observations import observations
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import LinkObservation
+from coordinator.errors import StoreError
+from coordinator.runtime import liveness
 from coordinator.runtime.ports import DelayWindow, RuntimeStore
+from coordinator.state.cancelwatch import CancelWatcher
 from coordinator.state.store import OutcomeLimits
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
-from workers.backends.base import Backend, BackendResult
+from workers.backends.base import Backend, BackendResult, StopCheck
 
 log = logging.getLogger(__name__)
+# A member whose coordinator declared it not started in time never starts later.
+DECLARED_LOST = "declared lost: not started within the start timeout"
 
 Clock = Callable[[], float]
 
@@ -44,6 +49,10 @@ class MemberContext:
     clock: Clock = time.time
     # Enqueues a judge task (workers.app: the haco.judge queue); None = no evaluator.
     judge: Callable[[MemberTask, MemberReport], None] | None = None
+    # The process's cancel watcher (coordinator.state.cancelwatch): a running member's
+    # cancel check is in memory. None: the member reads its group's state at every check
+    # (one Redis read per check: the polling a watcher replaces).
+    cancels: CancelWatcher | None = None
 
 
 def _not_started(task: MemberTask, kind: FailureKind, reason: str, now: float) -> MemberReport:
@@ -100,8 +109,21 @@ def _report(
 
 
 def execute_member(task: MemberTask, ctx: MemberContext) -> MemberReport:
+    if ctx.cancels is None:
+        return _execute(task, ctx, _polling(ctx.store, task.group_id))
+    # Registered with the watcher before the state is read: a cancel published after the
+    # read reaches the watcher, one published before it is seen by the read.
+    with ctx.cancels.watch(task.group_id) as stop:
+        return _execute(task, ctx, stop)
+
+
+def _polling(store: RuntimeStore, group_id: str) -> StopCheck:
+    return lambda: store.group_state(group_id) is GroupSignal.CANCELLED
+
+
+def _execute(task: MemberTask, ctx: MemberContext, should_stop: StopCheck) -> MemberReport:
     store, now = ctx.store, ctx.clock()
-    state = store.group_state(task.group_id)
+    state = store.group_state(task.group_id)  # the member's one read of its group
     if state is None or state is GroupSignal.CANCELLED:
         # Never started: the group is gone or cancelled. Its reply still goes back so a
         # waiting coordinator knows; no profile learns from a call that did not happen.
@@ -112,15 +134,23 @@ def execute_member(task: MemberTask, ctx: MemberContext) -> MemberReport:
         report = _not_started(task, FailureKind.DEADLINE, "deadline passed before start", now)
         _reply(task, report, ctx)
         return report
+    if not _start(task, ctx):
+        report = _not_started(task, FailureKind.CANCELLED, DECLARED_LOST, now)
+        _reply(task, report, ctx)
+        return report
     backend = ctx.backends(task)
-    result = backend.call(task, lambda: store.group_state(task.group_id) is GroupSignal.CANCELLED)
+    result = backend.call(task, should_stop)
+    if result.retry_after_s is not None:  # rate limited: not planned until it expires
+        _cool_down(task, result.retry_after_s, ctx)
     outcome = _commit_once(task, backend, result, ctx)
     finished = ctx.clock()
     report = _report(task, outcome, now, finished, _status(outcome))
     _reply(task, report, ctx)
     # Profiles learn from what the call did (coordinator.core.observations), even when its
     # side effect was not committed because another member held the idempotency key first.
-    _harvest(task, result.link_observations, report, ctx)
+    # ... unless its coordinator already recorded it as lost (never counted twice).
+    if _owns_outcome(task, ctx):
+        _harvest(task, result.link_observations, report, ctx)
     _send_to_judge(task, report, ctx)
     return report
 
@@ -157,6 +187,29 @@ def _commit_once(
         )
     backend.commit(task)
     return result
+
+
+def _start(task: MemberTask, ctx: MemberContext) -> bool:
+    """Claim the member's start (a coordinator that declared it not started in time holds
+    the claim: it never runs) and tell the coordinator it started (coordinator.runtime.
+    liveness)."""
+    ttl = ctx.settings.group_ttl_s
+    if not liveness.claim(ctx.store, liveness.start_key(task.member_id), liveness.WORKER, ttl):
+        return False
+    ctx.store.push_reply(task.group_id, liveness.started_token(task.rank), ttl)
+    return True
+
+
+def _owns_outcome(task: MemberTask, ctx: MemberContext) -> bool:
+    key, ttl = liveness.outcome_key(task.member_id), ctx.settings.group_ttl_s
+    return liveness.claim(ctx.store, key, liveness.WORKER, ttl)
+
+
+def _cool_down(task: MemberTask, ttl_s: float, ctx: MemberContext) -> None:
+    try:
+        ctx.store.set_cooldown(task.candidate.id, ttl_s, ctx.clock() + ttl_s)
+    except StoreError:  # the member's own report matters more than the cooldown
+        log.warning("candidate %s: its cooldown could not be set", task.candidate.id)
 
 
 def _reply(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:

@@ -62,7 +62,10 @@ def worker_cmd(
             "--pool",
             "threads",
             "--concurrency",
-            str(concurrency or settings.worker_concurrency),
+            str(
+                concurrency
+                or (settings.judge_concurrency if judge else settings.worker_concurrency)
+            ),
             "--hostname",
             f"{name}@%h",
             "--loglevel",
@@ -106,6 +109,8 @@ def result_table(res: InvocationResult) -> Table:
         title=f"group {res.group_id}: {res.state.value}, winner {res.winner_id} "
         f"({res.zone}), P_succ={res.p_success:.3f}, {res.latency_s * 1000:.1f} ms"
     )
+    if res.fallback_reason and res.winner_rule is not None:
+        t.caption = f"winner rule {res.winner_rule.value}: {res.fallback_reason}"
     for col in ("rank", "member", "candidate", "zone", "status", "latency ms", "tokens", "reason"):
         t.add_column(col)
     for m in res.members:

@@ -4,11 +4,14 @@
   the pool's known means (or ``cold_t_proc_s``);
 - a link never observed delivering: the median bandwidth/jitter of the pool's observed
   links; with none observed at all the network term is zero (bandwidth = inf), so an
-  unexplored pool is ranked by quality and reliability alone.
+  unexplored pool is ranked by quality and reliability alone;
+- RTT (counted in T only with ``PolicyParams.use_rtt``, real mode): the link's mean RTT,
+  else the median of the pool's links with one, else 0.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +23,13 @@ from coordinator.core.params import ProfileSettings
 from coordinator.core.percentiles import median
 from coordinator.core.policy import CandidateArrays
 from coordinator.core.profiles import CandidateProfile, LinkProfile
+from schemas.models import Message
+
+
+def payload_bytes(messages: Sequence[Message]) -> int:
+    """The payload size k (spec §13): the UTF-8 size of the JSON-serialized messages."""
+    body = [m.model_dump(mode="json") for m in messages]
+    return len(json.dumps(body, ensure_ascii=False).encode("utf-8"))
 
 
 def link_id(src_zone: str, dst_zone: str) -> str:
@@ -51,6 +61,7 @@ def build_arrays(
     out_bytes = np.zeros(n)
     bw: list[float | None] = [None] * n
     jit: list[float | None] = [None] * n
+    rtt: list[float | None] = [None] * n
     for i, member in enumerate(pool):
         prof = candidates.get(member.candidate_id)
         if prof is not None:
@@ -67,12 +78,14 @@ def build_arrays(
             if link.bandwidth.n > 0:
                 bw[i] = link.bandwidth.mean
                 jit[i] = link.bandwidth.std
+            rtt[i] = link.rtt.mean
     known_t = [t for t in t_proc if t is not None]
     t_default = median(known_t, settings.cold_t_proc_s)
     known_bw = [b for b in bw if b is not None]
     known_jit = [j for j in jit if j is not None]
     bw_default = median(known_bw, math.inf)
     jit_default = median(known_jit, 0.0)
+    rtt_default = median([r for r in rtt if r is not None], 0.0)
     return CandidateArrays(
         alpha=alpha,
         beta=beta,
@@ -82,6 +95,7 @@ def build_arrays(
         bytes=out_bytes + float(request_bytes),
         bandwidth_Bps=np.array([bw_default if b is None else b for b in bw]),
         jitter_Bps=np.array([jit_default if j is None else j for j in jit]),
+        rtt_s=np.array([rtt_default if r is None else r for r in rtt]),
     )
 
 

@@ -1,7 +1,10 @@
 """What one executed member tells about its candidate and its link: :func:`observations`.
 
 It is the one reading of an outcome every profile writer uses: the worker's online fold
-(``workers.member``), the simulator (``sim.engine``), the tests, and — in SQL, built from
+(``workers.member``), the coordinator's record of a lost member (``coordinator.runtime.
+liveness``: never started = ``NETWORK`` with ``lost``, a transport loss on the link; no
+report by the deadline = ``TIMEOUT``, a service failure), the simulator (``sim.engine``),
+the tests, and — in SQL, built from
 the constants below and checked against this function over every failure kind and
 delivery flag (tests/test_recompute.py) — the trace store's recompute
 (``coordinator.tracestore.profilesql``) and the harvester's link rows.
@@ -41,10 +44,30 @@ CALL_SUCCEEDED: frozenset[FailureKind] = frozenset({FailureKind.IDEMPOTENCY_TAKE
 LOST_UNLESS_MEASURED = FailureKind.NETWORK
 """The failure kind that means "not delivered" unless a request path delay was measured."""
 
+SERVICE_FAILURES: frozenset[FailureKind] = frozenset(
+    {
+        FailureKind.INTERNAL,
+        FailureKind.RATE_LIMITED,
+        FailureKind.SERVER_ERROR,
+        FailureKind.TIMEOUT,  # a hang or a stall counts against the candidate
+        FailureKind.INVALID_RESPONSE,
+        FailureKind.CONTENT_FILTERED,
+    }
+)
+"""Failure kinds that are the service's own failures (spec §2: they count towards f_int).
+The candidate observation reads each as :attr:`FailureKind.INTERNAL`; the trace keeps
+the finer kind."""
+
 
 def succeeded(failure: FailureKind | None) -> bool:
     """Whether a member with this failure kind counts as a successful call."""
     return failure is None or failure in CALL_SUCCEEDED
+
+
+def profiled_failure(failure: FailureKind | None) -> FailureKind | None:
+    """The kind a failure is counted as in a candidate profile: a service failure as
+    INTERNAL (f_int), any other as itself."""
+    return FailureKind.INTERNAL if failure in SERVICE_FAILURES else failure
 
 
 def records_link(trace: MemberTrace) -> bool:
@@ -77,7 +100,7 @@ def observations(
     cand = CandidateObservation(
         at_s=trace.finished_at_s,
         delivered=failure is not LOST_UNLESS_MEASURED or trace.rtt_s is not None,
-        failure=None if ok else failure,
+        failure=None if ok else profiled_failure(failure),
         quality=trace.quality if ok else None,
         proc_latency_s=trace.proc_latency_s if ok else None,
         tokens_in=trace.tokens_in,

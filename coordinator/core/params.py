@@ -29,6 +29,12 @@ class PolicyParams(BaseModel):
     # The paper's ablations switch these off (spec §7); the full method keeps both on.
     use_env: bool = True
     use_lcb: bool = True
+    # Real deployment (spec §13): T also counts the link's mean RTT, T = t_proc + RTT +
+    # k / max(ε_B, b − κj). Off by default: Eq. T_i of the paper has no RTT term and the
+    # simulated figures are computed without it (the simulator's links do record a path
+    # delay, so switching this on would change them). A pool config turns it on with
+    # ``use_rtt = true`` in [defaults] or [roles.<role>].
+    use_rtt: bool = False
     winner_mode: WinnerMode = WinnerMode.RANKED
 
 

@@ -31,6 +31,8 @@ class CandidateArrays:
     loss: loss rate of the link to the candidate. t_proc_s: mean processing latency.
     bytes: expected bytes to transmit. bandwidth_Bps / jitter_Bps: observed link
     bandwidth and its standard deviation (bytes/s); inf bandwidth = a free link.
+    rtt_s: the link's mean round-trip time (real mode, spec §13), counted in T only with
+    ``PolicyParams.use_rtt``; None = unknown (no term).
     """
 
     alpha: FloatArray
@@ -41,6 +43,7 @@ class CandidateArrays:
     bytes: FloatArray
     bandwidth_Bps: FloatArray
     jitter_Bps: FloatArray
+    rtt_s: FloatArray | None = None
 
     def __len__(self) -> int:
         return int(self.alpha.shape[0])
@@ -60,6 +63,12 @@ class CandidateArrays:
             if arr.shape[0] != size:
                 raise PolicyError(f"{name} has {arr.shape[0]} values, expected {size}")
             arrays[name] = arr
+        rtt = columns.get("rtt_s")
+        if rtt is not None:
+            arr = np.asarray(rtt, dtype=np.float64)
+            if arr.shape != (size,):
+                raise PolicyError(f"rtt_s has shape {arr.shape}, expected ({size},)")
+            arrays["rtt_s"] = arr
         result = cls(**arrays)
         validate(result)
         return result
@@ -93,6 +102,15 @@ def validate(stats: CandidateArrays) -> None:
             raise PolicyError(
                 f"{name}[{int(bad[0])}] = {float(arr[bad[0]])!r}; expected a rate in [0, 1]"
             )
+    _check_rtt(stats)
+
+
+def _check_rtt(stats: CandidateArrays) -> None:
+    rtt = stats.rtt_s
+    if rtt is None:
+        return
+    if rtt.shape != stats.alpha.shape or not bool(np.all(np.isfinite(rtt) & (rtt >= 0))):
+        raise PolicyError("rtt_s: expected one finite non-negative RTT (s) per candidate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +153,8 @@ def allocate(stats: CandidateArrays, params: PolicyParams) -> Allocation:
         rho = (1.0 - stats.f_int) * (1.0 - stats.loss)
         eff_bw = np.maximum(params.eps_b, stats.bandwidth_Bps - params.kappa * stats.jitter_Bps)
         T = stats.t_proc_s + stats.bytes / eff_bw
+        if params.use_rtt and stats.rtt_s is not None:
+            T = T + stats.rtt_s  # real mode (spec §13): the path delay counts too
         t0 = median(T)
         C = np.log1p(T / t0) if t0 > 0 else np.zeros_like(T)
         D = 1.0 + params.eta * C

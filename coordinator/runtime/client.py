@@ -120,6 +120,7 @@ class HacoClient:
         return await asyncio.to_thread(self.coordinator.invoke, inv)
 
     def close(self) -> None:
+        self.coordinator.lost.close()  # pending records of lost members: dropped
         self.redis.close()
         self.app.close()
 

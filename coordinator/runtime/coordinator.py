@@ -23,10 +23,9 @@ from collections.abc import Callable
 import numpy as np
 
 from coordinator.config import HacoSettings
-from coordinator.core.evidence import PoolMember, build_view, link_id
+from coordinator.core.evidence import PoolMember, build_view, link_id, payload_bytes
 from coordinator.core.methods import Haco, PoolView
 from coordinator.core.params import PolicyParams, ProfileSettings
-from coordinator.core.profiles import CandidateObservation
 from coordinator.core.stagger import Launch, Launcher
 from coordinator.core.winner import Report, Verdict, verdict
 from coordinator.errors import (
@@ -35,12 +34,20 @@ from coordinator.errors import (
     NotIdempotentError,
     WinnerConflictError,
 )
+from coordinator.runtime import judging
 from coordinator.runtime.group import Alarm, Group, group_verdict, metrics, summaries
+from coordinator.runtime.liveness import (
+    LostRecorder,
+    QueueWaits,
+    parse_started,
+    unreported,
+    watch_for,
+)
 from coordinator.runtime.pool import Pool
 from coordinator.runtime.ports import DelayWindow, Dispatcher, HedgeBudget, RuntimeStore
 from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.state.store import CloseLimits, GroupClose
-from schemas.enums import FailureKind, GroupSignal, GroupState, LaunchMode
+from schemas.enums import GroupSignal, GroupState, LaunchMode
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 
 Clock = Callable[[], float]
@@ -76,12 +83,18 @@ class Coordinator:
         self.clock = clock
         self.rng = rng or np.random.default_rng()
         self.new_id = new_id
+        # Liveness (issue 8): queue waits behind the start timeout, lost members' records.
+        self.waits = QueueWaits(settings.start_wait_window)
+        self.lost = LostRecorder(store, settings, self.profile_settings, clock)
 
     # -- deciding ---------------------------------------------------------------------
     def view(self, role: str, request_bytes: float) -> tuple[list[Candidate], PoolView]:
         cands = self.pool.candidates(role)
         for c in cands:
             self.pool.check_zone(c.zone)
+        # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
+        cooling = self.store.cooling([c.id for c in cands])
+        cands = [c for c in cands if c.id not in cooling] or cands
         caller = self.pool.config.caller_zone
         lids = sorted({link_id(caller, c.zone) for c in cands})
         profiles, links = self.store.load_profiles([c.id for c in cands], lids)
@@ -91,7 +104,7 @@ class Coordinator:
 
     def _plan(self, inv: RoleInvocation) -> Group:
         call = self.pool.call_settings(inv, self.settings, self.params)
-        request_bytes = len("".join(m.content for m in inv.payload).encode("utf-8"))
+        request_bytes = payload_bytes(inv.payload)  # k: the JSON messages (spec §13)
         cands, view = self.view(inv.role, request_bytes)
         decision = Haco(call.params).decide(view, self.rng)
         members = decision.members
@@ -108,6 +121,9 @@ class Coordinator:
         delay_s = self.delays.delay_s(inv.role) if staggered else math.inf
         launcher = Launcher(call.launch_mode, len(members), delay_s, t0)
         n = len(members)
+        chosen = [cands[i] for i in members]
+        t_proc = [float(view.stats.t_proc_s[i]) for i in members]
+        watch = watch_for(self.settings, self.waits, self.pool.config.sim, chosen, t_proc)
         return Group(
             id=self.new_id(),
             role=inv.role,
@@ -119,6 +135,7 @@ class Coordinator:
             launcher=launcher,
             payload=inv,
             request_bytes=request_bytes,
+            watch=watch,
             reports=[None] * n,
             launched_at=[None] * n,
         )
@@ -131,7 +148,10 @@ class Coordinator:
         for launch in g.launcher.initial():
             self._launch(g, launch)
         v = self._wait(g)
-        return self._finish(g, v)
+        # ``best`` waits for the judge when outputs came back unjudged (runtime.judging).
+        evaluator = self.pool.config.evaluator is not None
+        v = judging.settle(g, v, self.store, self.clock, self.settings, evaluator)
+        return judging.annotate(self._finish(g, v), g)
 
     def _launch(self, g: Group, launch: Launch) -> None:
         now = self.clock()
@@ -158,6 +178,7 @@ class Coordinator:
             idempotency_key=g.payload.idempotency_key,
         )
         g.launched_at[launch.rank] = now
+        g.watch.on_launch(launch.rank, now)
         g.launcher.on_launch(launch, now)
         g.state = GroupState.RUNNING
         self.dispatcher.send(cand.zone, task)
@@ -184,7 +205,8 @@ class Coordinator:
         return out
 
     def _verdict(self, g: Group) -> Verdict:
-        v = verdict(g.call.winner_mode, self._reports(g))
+        # A member given up on (core.patience) reads as failed: it holds back no one.
+        v = verdict(g.call.winner_mode, g.watch.reports(self._reports(g), g.t0))
         if v.all_failed and g.launcher.pending:
             return Verdict(False)  # not all failed yet: a replacement is due
         return v
@@ -209,6 +231,7 @@ class Coordinator:
     def _wait_loop(self, g: Group) -> Verdict:
         while True:
             now = self.clock()
+            self._give_up(g, now)
             while (launch := g.launcher.due(now)) is not None:
                 before = g.launcher.launched
                 self._launch(g, launch)
@@ -219,7 +242,7 @@ class Coordinator:
                 return v
             if now >= g.deadline_at:
                 return self._deadline_verdict(g)
-            timer_s = g.launcher.wake_at()
+            timer_s = min(g.launcher.wake_at(), g.watch.wake_at())
             wake = min(g.deadline_at, timer_s)
             if timer_s < g.deadline_at:
                 # Only launch timers need the precision; a deadline may run late by
@@ -227,14 +250,42 @@ class Coordinator:
                 self._arm(g, wake, now)
             raw = self.store.pop_reply(g.id, max(0.0, min(wake - now + WAKE_SLACK_S, 1.0)))
             if raw is not None and raw != WAKE:
-                self._on_report(g, MemberReport.model_validate_json(raw))
+                self._on_entry(g, raw)
+
+    def _on_entry(self, g: Group, raw: str) -> None:
+        rank = parse_started(raw)
+        if rank is None:
+            self._on_report(g, MemberReport.model_validate_json(raw))
+        elif rank < len(g.candidates):
+            wait = g.watch.on_started(rank, self.clock())
+            if wait is not None:
+                self.waits.record(g.candidates[rank].zone, wait)
+
+    def _give_up(self, g: Group, now: float) -> None:
+        """Members not started in time, or started and silent past their patience, no
+        longer hold the group back: a failure for the launcher (a replacement is due)."""
+        for rank in g.watch.due(now):
+            if g.watch.started(rank):
+                g.launcher.on_report(False)
+            elif self.lost.claim_start(g.member_id(rank)):  # never: its zone is dark
+                g.launcher.on_report(False)
+                zone = g.candidates[rank].zone
+                dark = [c.id for c in self.pool.config.candidates if c.zone == zone]
+                self.lost.zone_dark(dark, now)
+            else:  # its worker took it just now: it started
+                g.watch.on_started(rank, now)
 
     def _on_report(self, g: Group, rep: MemberReport) -> None:
         rank = rep.trace.rank
         if rank >= len(g.reports) or g.reports[rank] is not None:
             return  # a duplicate delivery, or not ours
+        if g.watch.gave_up_unstarted(rank):
+            return  # declared not started: its worker's refusal to start, recorded lost
         g.reports[rank] = rep
-        g.launcher.on_report(rep.trace.success)
+        given_up = rank in g.watch.given_up  # the launcher already counted it as failed
+        g.watch.on_report(rank)
+        if rep.trace.success or not given_up:
+            g.launcher.on_report(rep.trace.success)
 
     def _deadline_verdict(self, g: Group) -> Verdict:
         span = g.deadline_at - g.t0
@@ -251,7 +302,7 @@ class Coordinator:
         cancel = self.settings.cancel_losers or state is not GroupState.WON or now >= g.deadline_at
         win = v.winner if state is GroupState.WON else None
         winner_id = g.member_id(win) if win is not None else None
-        members, lost = summaries(g, now, cancel)
+        members, _ = summaries(g, now, cancel)
         record = group_verdict(g, state, winner_id, members, now)
         s = self.settings
         # One atomic step: the signal (losers see it at their next poll), the winner claim
@@ -274,8 +325,7 @@ class Coordinator:
             raise WinnerConflictError(g.id, winner_id, closed.winner_member)
         g.state = state
         if closed.applied:
-            for rank in lost:
-                self._record_lost(g.candidates[rank], now)
+            self._record_lost(g, now, cancel)
         if win is not None:
             return self._result(g, win, members, now)
         failures = {m.member_id: m.reason or m.status.value for m in members if m.launched}
@@ -310,14 +360,13 @@ class Coordinator:
             return GroupState.DEADLINE
         return GroupState.ALL_FAILED
 
-    def _record_lost(self, cand: Candidate, now: float) -> None:
-        """A member that never reported by the deadline (its worker may be gone) is
-        recorded as timed out, so the failure is profiled (online only: no trace of it
-        is written, see coordinator.tracestore.recompute)."""
-        obs = CandidateObservation(at_s=now, delivered=False, failure=FailureKind.DEADLINE)
-        self.store.update_candidate(
-            cand.id, obs, self.profile_settings, self.settings.profile_ttl_s
-        )
+    def _record_lost(self, g: Group, now: float, cancel: bool) -> None:
+        """Members launched without a report count against their candidate or its link
+        when they are lost (coordinator.runtime.liveness), with a trace: now, or at the
+        deadline when they may still report."""
+        lost = unreported(g, self.pool.config.caller_zone)
+        if lost:
+            self.lost.on_close(lost, now, cancel)
 
 
 __all__ = ["Coordinator", "Dispatcher", "InvocationResult", "MemberSummary"]

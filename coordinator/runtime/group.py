@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coordinator.core.methods import Decision
+from coordinator.core.patience import GaveUp, Watch
 from coordinator.core.stagger import Launcher
 from coordinator.runtime.pool import CallSettings
 from coordinator.runtime.results import MemberSummary
-from schemas.enums import GroupState, MemberStatus
+from schemas.enums import GroupState, MemberStatus, WinnerMode
 from schemas.models import Candidate, GroupVerdict, MemberReport, RoleInvocation
 
 
@@ -50,19 +51,25 @@ class Group:
     launcher: Launcher
     payload: RoleInvocation
     request_bytes: int
+    watch: Watch  # when members are given up (not started, no report): core.patience
     reports: list[MemberReport | None] = field(default_factory=list)
     launched_at: list[float | None] = field(default_factory=list)
     backups: int = 0
     alarm: Alarm = field(default_factory=Alarm)
     state: GroupState = GroupState.PLANNED  # RUNNING from the first launch, then a verdict
+    # The rule that picked the winner and why it is not the asked one (``best`` without
+    # judgements: coordinator.runtime.judging), and the winner's judged quality.
+    winner_rule: WinnerMode | None = None
+    fallback_reason: str | None = None
+    winner_quality: float | None = None
 
     def member_id(self, rank: int) -> str:
         return f"{self.id}.{rank}"
 
 
 def summaries(g: Group, now: float, cancel: bool) -> tuple[list[MemberSummary], list[int]]:
-    """Every member's summary at the close, and the ranks of those recorded as lost
-    (launched, no report, past the deadline: timed out)."""
+    """Every member's summary at the close, and the ranks of those no longer awaited
+    (launched, no report, given up or past the deadline: timed out)."""
     out, lost = [], []
     for rank, cand in enumerate(g.candidates):
         rep, launched_at = g.reports[rank], g.launched_at[rank]
@@ -74,13 +81,23 @@ def summaries(g: Group, now: float, cancel: bool) -> tuple[list[MemberSummary], 
             )
         elif launched_at is None:
             out.append(row(MemberStatus.QUEUED, False))
-        elif now >= g.deadline_at:
-            reason = f"no report within deadline_s={g.call.deadline_s}"
+        elif rank in g.watch.given_up or now >= g.deadline_at:
+            reason = _lost_reason(g, rank)
             out.append(row(MemberStatus.TIMED_OUT, True, now - launched_at, reason))
             lost.append(rank)
         else:
             out.append(row(MemberStatus.CANCELLED if cancel else MemberStatus.RUNNING, True))
     return out, lost
+
+
+def _lost_reason(g: Group, rank: int) -> str:
+    why = g.watch.given_up.get(rank, (None,))[0]
+    b = g.watch.budgets[rank]
+    if why is GaveUp.NOT_STARTED:
+        return f"not started within the start timeout ({b.start_s:.3g} s)"
+    if why is GaveUp.NO_REPORT:
+        return f"no report within its patience ({b.patience_s:.3g} s after it started)"
+    return f"no report within deadline_s={g.call.deadline_s}"
 
 
 def group_verdict(
@@ -108,6 +125,8 @@ def group_verdict(
         cancelled=by_status[MemberStatus.CANCELLED],
         running=by_status[MemberStatus.RUNNING],
         backups=g.backups,
+        winner_rule=g.winner_rule,
+        fallback_reason=g.fallback_reason,
     )
 
 

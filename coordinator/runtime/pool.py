@@ -128,8 +128,8 @@ class Pool:
                     return value
             return None
 
-        tau = pick("tau")
-        params = base.model_copy(update={"tau": tau}) if isinstance(tau, float) else base
+        updates = {f: v for f in ("tau", "use_rtt") if (v := pick(f)) is not None}
+        params = base.model_copy(update=updates) if updates else base
         launch = pick("launch_mode")
         winner = pick("winner_mode")
         deadline = pick("deadline_s")

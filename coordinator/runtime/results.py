@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.enums import GroupState, MemberStatus, StopReason
+from schemas.enums import GroupState, MemberStatus, StopReason, WinnerMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,11 @@ class InvocationResult:
     latency_s: float
     members: list[MemberSummary]
     backups: int  # members launched by the hedge timer (charged to the budget)
+    # The rule that picked the winner: the asked ``winner_mode``, or ``ranked`` when
+    # ``best`` found no judged outputs; ``fallback_reason`` says why it is not plain
+    # ``winner_mode`` (no evaluator, the judge wait expired), None when it is.
+    winner_rule: WinnerMode | None = None
+    fallback_reason: str | None = None
 
     @property
     def tokens(self) -> int:

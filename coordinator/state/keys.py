@@ -34,9 +34,46 @@ def group_winner(group_id: str) -> str:
     return f"{PREFIX}:g:{group_id}:winner"
 
 
+CANCELLED = f"{PREFIX}:cancelled"
+"""Pub/sub channel (not a key: nothing stored, no TTL): the id of every group whose
+signal is set to "cancelled", PUBLISHed by the writer of that signal in the same step
+(close_group.lua, RedisStore.set_group_state). Each worker process's cancel watcher
+(coordinator.state.cancelwatch) SUBSCRIBEs and wakes that group's running members."""
+
+
+def group_judged(group_id: str) -> str:
+    """Hash member id -> the judge's score of that member's output (a float in [0, 1], or
+    ``""`` when the judge could not score it). Writer: the judge worker (workers.judge,
+    RedisStore.record_judged), which also LPUSHes :data:`WAKE` on the group's reply list;
+    reader: the coordinator of a ``best`` group waiting for judgements
+    (coordinator.runtime.judging). TTL: group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:judged"
+
+
+WAKE = "wake"
+"""A token on a group's reply list that is no member report: a coordinator timer is due,
+or a judgement arrived (coordinator.runtime.coordinator.WAKE is the same token)."""
+
+
 def idempotency(key: str) -> str:
-    """String, SET NX: the member that committed the side effect. TTL: idempotency_ttl_s."""
+    """String, SET NX: the member that committed the side effect. TTL: idempotency_ttl_s.
+    Also the liveness claims of a member (coordinator.runtime.liveness):
+    ``start:<member>`` (its worker started it, or its coordinator declared it not
+    started) and ``outcome:<member>`` (who records its outcome), "worker" or
+    "coordinator". TTL: group_ttl_s."""
     return f"{PREFIX}:idem:{key}"
+
+
+COOLDOWN_PREFIX = f"{PREFIX}:cooldown"
+
+
+def cooldown(candidate_id: str) -> str:
+    """String (the epoch second the cooldown ends, informative): the candidate answered
+    429 and must not be planned until the key expires. Writer: the worker whose member
+    was rate limited (workers.member); reader: the coordinator's planning, which leaves
+    cooled candidates out unless every candidate is cooling. TTL: the response's
+    Retry-After, capped by the candidate's ``cooldown_max_s`` (schemas.backends)."""
+    return f"{COOLDOWN_PREFIX}:{candidate_id}"
 
 
 # Profiles (coordinator.tracestore.recompute): effective profile = the snapshot's profile

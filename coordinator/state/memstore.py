@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
@@ -19,18 +19,21 @@ from coordinator.core.profiles import (
     update_candidate,
     update_link_many,
 )
+from coordinator.state import keys
 from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, OutcomeLimits
 from schemas.enums import GroupSignal
 
 
 class MemoryStore:
     """In-process backend with the same semantics, for single-process runs and tests.
-    TTLs are recorded, not enforced: nothing outlives the process anyway. The trace
-    stream's two kinds of entries are two lists: ``traces`` (member reports) and
-    ``verdicts`` (closed groups); nothing harvests them."""
+    TTLs are recorded, not enforced (but a cooldown's, on ``clock``): nothing outlives
+    the process anyway. The trace stream's two kinds of entries are two lists: ``traces``
+    (member reports) and ``verdicts`` (closed groups); nothing harvests them."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Condition()
+        self.clock = clock  # cooldowns expire on it (the only TTL enforced here)
+        self.cooldowns: dict[str, float] = {}  # candidate id -> when its cooldown ends
         self.states: dict[str, GroupSignal] = {}
         self.replies: dict[str, deque[str]] = defaultdict(deque)
         self.winners: dict[str, str] = {}
@@ -41,6 +44,20 @@ class MemoryStore:
         self.traces: list[str] = []
         self.verdicts: list[str] = []
         self.counters: dict[str, int] = {}
+        self.judged: dict[str, dict[str, float | None]] = {}  # keys.group_judged
+        self._on_cancel: list[Callable[[str], None]] = []  # as keys.CANCELLED subscribers
+
+    def on_cancel(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(group_id)`` whenever a group's signal becomes cancelled (the
+        twin of RedisStore's PUBLISH on keys.CANCELLED; MemoryCancelWatcher subscribes)."""
+        with self._lock:
+            self._on_cancel.append(listener)
+
+    def _publish_cancel(self, group_id: str) -> None:
+        with self._lock:
+            listeners = list(self._on_cancel)
+        for listener in listeners:  # outside the lock, as a subscriber runs elsewhere
+            listener(group_id)
 
     def open_group(self, group_id: str, ttl_s: float) -> None:
         with self._lock:
@@ -53,6 +70,8 @@ class MemoryStore:
     def set_group_state(self, group_id: str, signal: GroupSignal, ttl_s: float) -> None:
         with self._lock:
             self.states[group_id] = signal
+        if signal is GroupSignal.CANCELLED:
+            self._publish_cancel(group_id)
 
     def push_reply(self, group_id: str, report: str, ttl_s: float) -> None:
         with self._lock:
@@ -79,6 +98,29 @@ class MemoryStore:
     def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str:
         with self._lock:
             return self.idem.setdefault(key, member_id)
+
+    def set_cooldown(self, candidate_id: str, ttl_s: float, until_s: float) -> None:
+        """As RedisStore.set_cooldown; the TTL is enforced on the injected clock."""
+        with self._lock:
+            ends = self.clock() + ttl_s
+            self.cooldowns[candidate_id] = max(ends, self.cooldowns.get(candidate_id, ends))
+
+    def cooling(self, candidate_ids: Sequence[str]) -> set[str]:
+        with self._lock:
+            now = self.clock()
+            return {c for c in candidate_ids if self.cooldowns.get(c, now) > now}
+
+    def record_judged(
+        self, group_id: str, member_id: str, score: float | None, ttl_s: float
+    ) -> None:
+        with self._lock:
+            self.judged.setdefault(group_id, {})[member_id] = score
+            self.replies[group_id].appendleft(keys.WAKE)
+            self._lock.notify_all()
+
+    def judged_scores(self, group_id: str) -> dict[str, float | None]:
+        with self._lock:
+            return dict(self.judged.get(group_id, {}))
 
     def load_profiles(
         self, candidate_ids: Sequence[str], link_ids: Sequence[str]
@@ -161,4 +203,6 @@ class MemoryStore:
             self.incr_metrics(close.counts, limits.metrics_ttl_s)
             self.verdicts.append(close.verdict)
             del self.verdicts[: -limits.trace_maxlen]
-            return GroupClosed(True, close.winner_member)
+        if close.signal is GroupSignal.CANCELLED:
+            self._publish_cancel(g)
+        return GroupClosed(True, close.winner_member)

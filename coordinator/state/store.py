@@ -150,9 +150,18 @@ class RedisStore:
         return _signal(raw)
 
     def set_group_state(self, group_id: str, signal: GroupSignal, ttl_s: float) -> None:
+        """A cancel is also PUBLISHed (keys.CANCELLED) for the workers' cancel watchers."""
         px = int(ttl_s * _MS)
         key = keys.group_state(group_id)
-        self._guard("set a group state", lambda: self.r.set(key, signal.value, px=px))
+
+        def write() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.set(key, signal.value, px=px)
+            if signal is GroupSignal.CANCELLED:
+                pipe.publish(keys.CANCELLED, group_id)
+            pipe.execute()
+
+        self._guard("set a group state", write)
 
     def push_reply(self, group_id: str, report: str, ttl_s: float) -> None:
         key = keys.group_replies(group_id)
@@ -194,6 +203,51 @@ class RedisStore:
             return holder.decode() if isinstance(holder, bytes) else member_id
 
         return self._guard("claim an idempotency key", claim)
+
+    def set_cooldown(self, candidate_id: str, ttl_s: float, until_s: float) -> None:
+        """The candidate is cooling down (rate limited) for ``ttl_s``; a longer cooldown
+        already set is kept."""
+        key, px = keys.cooldown(candidate_id), max(1, int(ttl_s * _MS))
+
+        def cool() -> None:
+            if not self.r.set(key, repr(until_s), px=px, nx=True):
+                left = self.r.pttl(key)
+                if isinstance(left, int) and 0 <= left < px:
+                    self.r.set(key, repr(until_s), px=px)
+
+        self._guard("set a cooldown", cool)
+
+    def cooling(self, candidate_ids: Sequence[str]) -> set[str]:
+        """Those of the candidates whose cooldown has not expired."""
+        if not candidate_ids:
+            return set()
+        names = [keys.cooldown(c) for c in candidate_ids]
+        found = self._guard("read cooldowns", lambda: self.r.mget(names))
+        return {c for c, raw in zip(candidate_ids, found, strict=True) if raw is not None}
+
+    def record_judged(
+        self, group_id: str, member_id: str, score: float | None, ttl_s: float
+    ) -> None:
+        """The judge's score of a member (None: it could not score it) into the group's
+        judged hash, and a wake token on its reply list for a waiting coordinator; one
+        MULTI, both keys with the group's TTL."""
+        judged, replies = keys.group_judged(group_id), keys.group_replies(group_id)
+        px = int(ttl_s * _MS)
+
+        def write() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.hset(judged, member_id, "" if score is None else repr(float(score)))
+            pipe.pexpire(judged, px)
+            pipe.lpush(replies, keys.WAKE)
+            pipe.pexpire(replies, px)
+            pipe.execute()
+
+        self._guard("record a judgement", write)
+
+    def judged_scores(self, group_id: str) -> dict[str, float | None]:
+        """Member id -> judged score (None: judged without a score) of the group."""
+        raw = self._guard("read judgements", lambda: self.r.hgetall(keys.group_judged(group_id)))
+        return {text(k): (float(text(v)) if text(v) else None) for k, v in raw.items()}
 
     def load_view(self, candidate_ids: Sequence[str], link_ids: Sequence[str]) -> ProfileView:
         """Effective profiles (snapshot + later deltas, one atomic read) and their version."""
@@ -299,11 +353,13 @@ class RedisStore:
         empty for none); a group claimed before is left untouched, and its claimed winner
         is returned."""
         g = close.group_id
-        group_keys = [keys.group_state(g), keys.group_winner(g), keys.METRICS, keys.TRACES]
+        group_keys = [
+            keys.group_state(g), keys.group_winner(g), keys.METRICS, keys.TRACES, keys.CANCELLED,
+        ]  # fmt: skip
         args: list[str | int] = [
             close.signal.value, close.winner_member or "", int(limits.group_ttl_s * _MS),
             int(limits.metrics_ttl_s * _MS), keys.VERDICT_FIELD, close.verdict,
-            limits.trace_maxlen, int(limits.trace_ttl_s * _MS),
+            limits.trace_maxlen, int(limits.trace_ttl_s * _MS), g,
         ]  # fmt: skip
         for name, n in close.counts.items():
             args += [name, n]

@@ -32,7 +32,12 @@ from typing import Any
 
 import psycopg
 
-from coordinator.core.observations import CALL_SUCCEEDED, LOST_UNLESS_MEASURED, NOT_OBSERVED
+from coordinator.core.observations import (
+    CALL_SUCCEEDED,
+    LOST_UNLESS_MEASURED,
+    NOT_OBSERVED,
+    SERVICE_FAILURES,
+)
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.core.profiles import (
     PRIOR_ALPHA,
@@ -91,8 +96,10 @@ def _agg(expr: str | None, cond: str | None, weighted: bool) -> str:
 
 
 def _cand_cols(weighted: bool) -> str:
-    kinds = (FailureKind.INTERNAL, FailureKind.NETWORK, FailureKind.DEADLINE)  # profile counts
-    failed = [f"NOT ok AND failure_kind = '{k.value}'" for k in kinds]
+    # Profile counts: internal (every service failure, observations.profiled_failure),
+    # network, deadline.
+    kinds = (SERVICE_FAILURES, frozenset({FailureKind.NETWORK}), frozenset({FailureKind.DEADLINE}))
+    failed = [f"NOT ok AND failure_kind IN ({_kinds(k)})" for k in kinds]
     counts = [_agg(None, c or None, weighted) for c in ["", "delivered", "ok", *failed]]
     return ", ".join(counts + [_agg(x, None, weighted) for x in ("q", "lat", "tin", "tout")])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from coordinator.core.profiles import LinkObservation
 from schemas.enums import FailureKind
@@ -14,6 +14,16 @@ StopCheck = Callable[[], bool]
 """Returns True when the member must stop (its group was cancelled). Backends call it
 between slices of work: a simulated backend between sleep slices, an HTTP backend
 between streamed chunks, closing the connection when it says stop."""
+
+
+@runtime_checkable
+class WaitableStop(Protocol):
+    """A stop check a backend can also sleep on: ``wait(timeout_s)`` returns True as soon
+    as the member must stop (the cancel watcher's :class:`coordinator.state.cancelwatch.
+    Watch`), so a waiting backend needs no polling slices."""
+
+    def __call__(self) -> bool: ...
+    def wait(self, timeout_s: float) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,9 @@ class BackendResult:
     lost: bool = False
     delivered: bool = True  # False when the request never reached the service
     link_observations: list[LinkObservation] = field(default_factory=list)
+    # Rate limited (HTTP 429): the candidate should not be planned for this many seconds
+    # (workers.member sets its cooldown, keys.cooldown).
+    retry_after_s: float | None = None
 
 
 class Backend(Protocol):

@@ -2,7 +2,8 @@
 
 A call is drawn exactly as in the discrete-event simulator (:mod:`sim.candidates`)
 and then lived through: the worker waits ``total_s × time_scale`` in slices of
-``poll_s``, asking between slices whether the group was cancelled. Zone faults injected
+``poll_s``, asking between slices whether the group was cancelled (with the cancel
+watcher's stop check: one wait, which a cancel interrupts). Zone faults injected
 by an operator (``haco:sim:faults``) override link loss, for outage drills.
 """
 
@@ -22,7 +23,7 @@ from schemas.scenario import Scenario
 from sim.candidates import CallDraw, link_observations, simulate_call
 from sim.network import LinkState
 from sim.world import SimWorld
-from workers.backends.base import BackendResult, StopCheck
+from workers.backends.base import BackendResult, StopCheck, WaitableStop
 
 FaultReader = Callable[[], Mapping[str, float]]  # zone -> forced link loss
 
@@ -46,6 +47,7 @@ class SimBackend:
         self.poll_s = poll_s
         self.faults = faults
         # Waiting on an Event (never set) is an interruptible, injectable sleep.
+        self._injected_wait = wait is not None
         self._wait = wait or threading.Event().wait
         self._commit = commit_effect
         self._lock = threading.Lock()
@@ -96,6 +98,14 @@ class SimBackend:
             left = end - time.monotonic()
             if left <= 0:
                 return False
+            self._pause(left, should_stop)
+
+    def _pause(self, left: float, should_stop: StopCheck) -> None:
+        """Sleep until the end or, with the cancel watcher's stop check, until a cancel
+        wakes it (no polling); else, or with an injected wait, a ``poll_s`` slice."""
+        if isinstance(should_stop, WaitableStop) and not self._injected_wait:
+            should_stop.wait(left)
+        else:
             self._wait(min(left, self.poll_s))
 
     def _result(self, task: MemberTask, draw: CallDraw) -> BackendResult:

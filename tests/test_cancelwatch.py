@@ -1,0 +1,263 @@
+"""Cancellation through the per-process cancel watcher (coordinator.state.cancelwatch):
+delivered to running members on Redis (PUBLISH/SUBSCRIBE) and in memory, nothing missed
+when the cancel came while the watcher was not subscribed (the re-validation), a member
+of a cancelled group never starts, and a member's Redis commands do not grow with the
+length of its call."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from polling import wait_for
+from runtime_helpers import ROLE, SLOW, ScriptedBackend, Step
+
+from coordinator.config import HacoSettings
+from coordinator.runtime.pool import sim_scenario
+from coordinator.runtime.ports import RuntimeStore
+from coordinator.state import keys
+from coordinator.state.cancelwatch import CancelWatcher, MemoryCancelWatcher, RedisCancelWatcher
+from coordinator.state.memstore import MemoryStore
+from coordinator.state.store import CloseLimits, GroupClose, RedisStore
+from schemas.enums import FailureKind, GroupSignal, MemberStatus
+from schemas.models import BackendSpec, Candidate, MemberTask, Message
+from schemas.pool import SimSection
+from workers.backends.simulated import SimBackend
+from workers.member import MemberContext, execute_member
+
+TTL = 60.0
+IDLE_S, RETRY_S = 0.05, 0.05  # the test watcher notices close and reconnects quickly
+LIMITS = CloseLimits(TTL, TTL, 1000, TTL)
+
+
+@dataclass
+class Setup:
+    store: RuntimeStore
+    watcher: CancelWatcher
+
+
+@pytest.fixture(params=["redis", "memory"])
+def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
+    if request.param == "memory":
+        mem = MemoryStore()
+        yield Setup(mem, MemoryCancelWatcher(mem.on_cancel, mem.group_state))
+        return
+    r: redis.Redis = request.getfixturevalue("redis_db")
+    watcher = RedisCancelWatcher(r, IDLE_S, RETRY_S)
+    try:
+        yield Setup(RedisStore(r), watcher)
+    finally:
+        watcher.close()
+
+
+def task_for(group_id: str, cid: str = "c0") -> MemberTask:
+    cand = Candidate(
+        id=cid, role=ROLE, model="scripted", zone="local", backend=BackendSpec(kind="http")
+    )
+    now = time.time()
+    return MemberTask(
+        group_id=group_id,
+        member_id=f"{group_id}.0",
+        rank=0,
+        candidate=cand,
+        caller_zone="local",
+        payload=[Message(role="user", content="hi")],
+        deadline_at_s=now + 30.0,
+        enqueued_at_s=now,
+    )
+
+
+def context(store: RuntimeStore, backend: Any, watcher: CancelWatcher | None) -> MemberContext:
+    settings = HacoSettings(cancel_poll_s=0.002)
+    return MemberContext(
+        store=store, backends=lambda _t: backend, settings=settings, cancels=watcher
+    )
+
+
+def close(signal: GroupSignal, group_id: str) -> GroupClose:
+    return GroupClose(group_id, signal, None, {"invocations": 1}, "{}")
+
+
+# ---------------------------------------------------------------- delivery
+
+
+@pytest.mark.parametrize("how", ["set_group_state", "close_group"])
+def test_a_cancel_reaches_the_watch_of_a_running_member(setup: Setup, how: str) -> None:
+    store, watcher = setup.store, setup.watcher
+    store.open_group("g", TTL)
+    other = watcher.watch("other")
+    with watcher.watch("g") as stop:
+        if isinstance(watcher, RedisCancelWatcher):
+            assert watcher.wait_subscribed(10.0)
+        if how == "close_group":
+            store.close_group(close(GroupSignal.CANCELLED, "g"), LIMITS)
+        else:
+            store.set_group_state("g", GroupSignal.CANCELLED, TTL)
+        assert stop.wait(10.0)  # woken by the cancel, not by the timeout
+    assert not other()  # another group's member runs on
+    other.close()
+    assert watcher.running_groups() == []
+
+
+def test_a_resolved_group_does_not_stop_its_members(setup: Setup) -> None:
+    store, watcher = setup.store, setup.watcher
+    store.open_group("g", TTL)
+    with watcher.watch("g") as stop, watcher.watch("marker") as marker:
+        if isinstance(watcher, RedisCancelWatcher):
+            assert watcher.wait_subscribed(10.0)
+        store.close_group(close(GroupSignal.RESOLVED, "g"), LIMITS)
+        store.set_group_state("marker", GroupSignal.CANCELLED, TTL)
+        assert marker.wait(10.0)  # delivered in order: anything about g came before
+        assert not stop()
+
+
+def test_a_running_member_is_stopped_by_its_watcher(setup: Setup) -> None:
+    store, watcher = setup.store, setup.watcher
+    backend = ScriptedBackend({"c0": Step(SLOW)})
+    store.open_group("g", TTL)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(execute_member, task_for("g"), context(store, backend, watcher))
+        wait_for("the member to start", lambda: ("start", "c0") in backend.events)
+        store.set_group_state("g", GroupSignal.CANCELLED, TTL)
+        report = running.result(timeout=30.0)
+    assert report.trace.status is MemberStatus.CANCELLED
+    assert report.trace.failure_reason == "stopped by the cancel flag"
+    assert watcher.running_groups() == []
+
+
+def test_a_simulated_call_is_woken_by_the_cancel(setup: Setup) -> None:
+    """The simulated backend waits on the watch itself: a cancel ends its sleep at once."""
+    store, watcher = setup.store, setup.watcher
+    sim = SimBackend(sim_scenario(SimSection(scenario="overall")), time_scale=100.0, poll_s=10.0)
+    store.open_group("g", TTL)
+    cand = task_for("g").candidate
+    sim_cand = cand.model_copy(
+        update={"backend": BackendSpec(kind="sim", settings={"candidate": "planner-local-1"})}
+    )
+    task = task_for("g").model_copy(update={"sim_seed": 3, "candidate": sim_cand})
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(execute_member, task, context(store, sim, watcher))
+        wait_for("the member to register", lambda: watcher.running_groups() == ["g"])
+        store.set_group_state("g", GroupSignal.CANCELLED, TTL)
+        report = running.result(timeout=30.0)  # a 10 s slice or a 100× call: never reached
+    assert report.trace.failure_kind is FailureKind.CANCELLED
+
+
+def test_a_member_of_a_cancelled_group_never_starts(setup: Setup) -> None:
+    store, watcher = setup.store, setup.watcher
+    backend = ScriptedBackend({"c0": Step(0.001)})
+    store.open_group("g", TTL)
+    store.set_group_state("g", GroupSignal.CANCELLED, TTL)  # published before it registered
+    report = execute_member(task_for("g"), context(store, backend, watcher))
+    assert (report.trace.status, report.trace.failure_reason) == (
+        MemberStatus.CANCELLED,
+        "group cancelled",
+    )
+    assert backend.events == []
+    assert watcher.running_groups() == []
+
+
+# ---------------------------------------------------------------- nothing missed (Redis)
+
+
+def silently_cancel(r: redis.Redis, group_id: str) -> None:
+    """The cancel whose PUBLISH the watcher did not hear: only re-validation can see it."""
+    r.set(keys.group_state(group_id), GroupSignal.CANCELLED.value, px=int(TTL * 1000))
+
+
+def test_a_cancel_before_the_watcher_subscribed_is_not_missed(redis_db: redis.Redis) -> None:
+    RedisStore(redis_db).open_group("g", TTL)
+    watcher = RedisCancelWatcher(redis_db, IDLE_S, RETRY_S)
+    try:
+        silently_cancel(redis_db, "g")
+        stop = watcher.watch("g")  # registers, then starts the watcher: subscribe, MGET
+        assert watcher.wait_subscribed(10.0)
+        assert stop() and watcher.revalidations == 1
+    finally:
+        watcher.close()
+
+
+def test_a_cancel_during_a_reconnect_is_not_missed(redis_db: redis.Redis) -> None:
+    RedisStore(redis_db).open_group("g", TTL)
+    watcher = RedisCancelWatcher(redis_db, IDLE_S, RETRY_S)
+    try:
+        stop = watcher.watch("g")
+        assert watcher.wait_subscribed(10.0) and not stop()
+        silently_cancel(redis_db, "g")  # lost, as if published while disconnected
+        clients: list[dict[str, Any]] = redis_db.client_list()  # type: ignore[assignment]
+        ids = [c["id"] for c in clients if c.get("name") == watcher.name]
+        assert len(ids) == 1  # the watcher's one SUBSCRIBE connection
+        redis_db.client_kill_filter(_id=ids[0])
+        assert stop.wait(30.0)  # the re-validation after resubscribing found it
+        assert watcher.subscriptions >= 2
+    finally:
+        watcher.close()
+
+
+def test_the_watcher_thread_ends_on_close(redis_db: redis.Redis) -> None:
+    watcher = RedisCancelWatcher(redis_db, IDLE_S, RETRY_S)
+    watcher.watch("g").close()
+    assert watcher.wait_subscribed(10.0)
+    watcher.close()
+    assert not any(t.name == watcher.name for t in threading.enumerate())
+
+
+# ---------------------------------------------------------------- O(1) per member
+
+
+class CountingConnection(redis.Connection):
+    """Counts the commands sent on it (single commands, and each of a pipeline's)."""
+
+    counted = 0
+    guard = threading.Lock()
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        with CountingConnection.guard:
+            CountingConnection.counted += 1
+        super().send_command(*args, **kwargs)
+
+    def pack_commands(self, commands: Any) -> Any:
+        commands = list(commands)
+        with CountingConnection.guard:
+            CountingConnection.counted += len(commands)
+        return super().pack_commands(commands)
+
+
+def member_commands(
+    r: redis.Redis, group_id: str, step: Step, watcher: CancelWatcher | None
+) -> int:
+    store = RedisStore(r)
+    store.open_group(group_id, TTL)
+    backend = ScriptedBackend({"c0": step})
+    before = CountingConnection.counted
+    report = execute_member(task_for(group_id), context(store, backend, watcher))
+    assert report.trace.status is MemberStatus.SUCCEEDED
+    return CountingConnection.counted - before
+
+
+def test_a_members_redis_commands_do_not_grow_with_its_call(
+    redis_url: str, redis_db: redis.Redis
+) -> None:
+    pool = redis.ConnectionPool.from_url(redis_url, connection_class=CountingConnection)
+    r = redis.Redis(connection_pool=pool)
+    watcher = RedisCancelWatcher(r, IDLE_S, RETRY_S)
+    try:
+        watcher.watch("warm-up").close()
+        assert watcher.wait_subscribed(10.0)  # the watcher's own commands come before
+        member_commands(r, "warm", Step(0.001), watcher)  # scripts loaded, epoch read once
+        short = member_commands(r, "short", Step(0.01), watcher)
+        long = member_commands(r, "long", Step(0.3), watcher)
+        polled_short = member_commands(r, "p-short", Step(0.01), None)
+        polled_long = member_commands(r, "p-long", Step(0.3), None)
+    finally:
+        watcher.close()
+        r.close()
+        pool.disconnect()
+    assert long == short  # O(1): one state read at the start, then the reports
+    assert polled_long > polled_short  # the polling it replaces: one read per check
