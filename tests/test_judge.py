@@ -540,14 +540,29 @@ def _judge_end_to_end(
     settings: HacoSettings,
     log: Path,
 ) -> None:
-    def metric(name: str) -> int:
-        return store.metrics().get(name, 0)
-
     # A zone worker's member, as it runs there: counted, traced, and sent to the judge
     # (the real runtime's sender, from the pool's [evaluator]).
     node = f"haco-judge@{socket.gethostname()}"
     wait_for("the judge worker", lambda: bool(celery.control.ping([node], timeout=0.5)))
     runtime = celery.conf.haco_runtime
+    try:
+        _judged_in_process(store, client, celery, pg_url, settings, log, runtime)
+    finally:
+        runtime.close()  # its cancel watcher, before the test's Redis goes away
+
+
+def _judged_in_process(
+    store: RedisStore,
+    client: redis.Redis,
+    celery: Any,
+    pg_url: str,
+    settings: HacoSettings,
+    log: Path,
+    runtime: Any,
+) -> None:
+    def metric(name: str) -> int:
+        return store.metrics().get(name, 0)
+
     ctx = dataclasses.replace(runtime.context(), backends=lambda _t: OkBackend(None))
     task = member_task("e2e")
     store.open_group(task.group_id, TTL)

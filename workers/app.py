@@ -127,6 +127,20 @@ class WorkerRuntime:
                 )
             return self._ctx
 
+    def close(self) -> None:
+        """Stop the cancel watcher and close the process's connections (a worker's
+        shutdown, or a test that ran members in-process); built again on next use."""
+        with self._lock:
+            ctx, http, client = self._ctx, self._http, self._client
+            self._ctx = self._http = self._client = None
+            self._chats.clear()
+        if ctx is not None and ctx.cancels is not None:
+            ctx.cancels.close()
+        if http is not None:
+            http.close()
+        if client is not None:
+            client.close()
+
     def pool(self) -> PoolConfig:
         with self._lock:
             if self._pool is None:
