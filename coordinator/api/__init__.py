@@ -1,0 +1,1 @@
+"""The coordinator service: the OpenAI-compatible HTTP API behind `haco serve`."""
