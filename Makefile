@@ -43,7 +43,7 @@ $(LLM_STAMP):
 	touch $(LLM_STAMP)
 
 test-llm: $(STAMP) $(LLM_STAMP)
-	HACO_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/pytest -q -m llm tests/test_real_model.py
+	HACO_LLM_PYTHON=$(LLM_VENV)/bin/python $(BIN)/pytest -q -m llm tests/test_real_model.py tests/test_demo_local.py
 
 bench: $(STAMP)
 	bench/run.sh $(BIN)/haco

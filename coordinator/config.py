@@ -51,6 +51,23 @@ class HacoSettings(BaseSettings):
     # Group keys outlive the group by this much, so late members can still see that
     # their group is resolved or cancelled and reports can be read for harvesting.
     group_ttl_s: Seconds = 600.0
+    # Submitted invocations (HacoClient.submit, coordinator/runtime/handles.py): the
+    # outcome (result or error) is kept this long for any process to collect with
+    # HacoClient.handle(id); up to submit_workers invocations of one client run at once,
+    # later ones wait (state "pending") in submission order.
+    result_ttl_s: Seconds = 3600.0
+    submit_workers: Annotated[int, Field(ge=1, le=4096)] = 64
+    # A handle waiting for an outcome re-checks this often that the invocation is still
+    # known (an id whose record expired fails instead of waiting out the whole timeout).
+    result_recheck_s: Seconds = 5.0
+    # Async invocations (HacoClient.ainvoke, coordinator/runtime/aio.py): one process's
+    # waiting groups share hub_shards Redis connections, each blocking on the reply lists
+    # of its share of the groups (BRPOP on many keys), so in-flight invocations cost no
+    # thread and no connection each. A shard re-issues its BRPOP at least every
+    # hub_idle_s (to notice a shutdown) and after losing Redis retries every hub_retry_s.
+    hub_shards: Annotated[int, Field(ge=1, le=256)] = 8
+    hub_idle_s: Seconds = 1.0
+    hub_retry_s: Seconds = 0.5
 
     # Liveness of members (coordinator/core/patience.py, coordinator/runtime/liveness.py).
     # A member no worker started within max(start_timeout_min_s, start_timeout_factor ×
@@ -151,6 +168,12 @@ class HacoSettings(BaseSettings):
     # Celery task events feed Flower and `celery events`. They cost three extra broker
     # messages per member (two before it starts), so they are opt-in.
     task_events: bool = False
+    # Prometheus metrics of `haco serve` (coordinator/api/metrics.py): the bucket bounds of
+    # the latency histograms (seconds; invocations and members) and of the hedge-set size.
+    metrics_latency_buckets_s: tuple[Seconds, ...] = (
+        0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+    )  # fmt: skip
+    metrics_hedge_size_buckets: tuple[Annotated[int, Field(ge=1)], ...] = (1, 2, 3, 4, 5, 6, 8)
     # Simulated backends run in real time scaled by this factor (0.01 = 100× faster).
     sim_time_scale: Annotated[float, Field(gt=0.0, le=100.0)] = 0.02
     # Real model endpoints (workers/backends/openai.py): one HTTP connection pool per
@@ -175,3 +198,14 @@ class HacoSettings(BaseSettings):
     # has reported, wait up to this long for the judge's scores
     # (coordinator/runtime/judging.py), then decide with what has been judged.
     best_judge_wait_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 30.0
+
+    # The coordinator service (`haco serve`, coordinator/api/): where it listens; the
+    # bearer tokens it accepts (comma-separated; unset = open, logged at startup); the
+    # largest request body it reads (413 beyond); how long a /readyz answer is reused
+    # and how long its worker inspection (a Celery broadcast) waits for replies.
+    api_host: str = "127.0.0.1"
+    api_port: Annotated[int, Field(ge=0, le=65_535)] = 8000
+    api_tokens: str | None = None
+    api_max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 1 << 20
+    api_ready_cache_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 3.0
+    api_inspect_timeout_s: Seconds = 1.0

@@ -9,11 +9,13 @@
     │   ├── ConfigError         a pool config that is not valid
     │   ├── UnknownRoleError    a role that the pool config does not serve
     │   ├── UnknownZoneError    a zone that the pool config does not define
+    │   ├── UnknownInvocationError  an invocation id no process accepted (or expired)
     │   └── ScoreError          a scorer gave no usable score for a member's output
     ├── PolicyError             a rule of the method (allocation, launch, winner) was asked
     │                           something it cannot answer
     ├── StoreError              a shared-state backend (Redis) failed
     ├── ServiceError            an embedded service (Redis) cannot be started or stopped
+    ├── ResultPendingError      a submitted invocation had no outcome within the wait
     ├── DatabaseError           the trace store (Postgres, external or embedded) failed
     │   └── MigrationError      a schema migration cannot be planned or applied
     └── HedgeError              an invocation ended without a result
@@ -58,6 +60,11 @@ class UnknownZoneError(InputError):
     """A zone the pool config does not define (never an orphan queue)."""
 
 
+class UnknownInvocationError(InputError):
+    """An invocation id (HacoClient.handle) that no process accepted, or whose record
+    expired (result_ttl_s)."""
+
+
 class ScoreError(InputError):
     """A scorer gave no usable score (an unparseable evaluator answer, a value outside
     [0, 1], a failed evaluator call). The judge logs and counts the reason and applies
@@ -72,6 +79,11 @@ class PolicyError(HacoError):
 class StoreError(HacoError):
     """A shared-state backend failed (connection, timeout, script or data error); raised
     at the boundary with ``raise StoreError(...) from exc``."""
+
+
+class ResultPendingError(HacoError, TimeoutError):
+    """A submitted invocation had no outcome within the caller's wait; it may still end
+    (collect it again with its handle)."""
 
 
 class ServiceError(HacoError):

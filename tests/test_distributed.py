@@ -15,6 +15,7 @@ same U⁺ and the rank order is the pool order (``ROLES`` below).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -38,6 +39,7 @@ from coordinator.config import HacoSettings
 from coordinator.errors import AllFailedError, ConfigError, DeadlineError
 from coordinator.runtime.client import HacoClient
 from coordinator.runtime.pool import load_pool
+from coordinator.runtime.results import InvocationResult
 from coordinator.services.supervisor import Stack, start_stack
 from coordinator.state import keys
 from coordinator.state.budget import RedisBudget
@@ -441,3 +443,32 @@ def test_no_app_key_without_ttl(services: Services) -> None:
     assert any(n.startswith(b"haco:prof:") for n in names)
     forever = [n for n in names if r.pttl(n) == -1]  # -2: expired meanwhile, fine
     assert not forever, f"keys without a TTL: {forever}"
+
+
+def test_ainvoke_awaits_many_invocations_on_the_reply_hub(svc: Services) -> None:
+    async def run() -> tuple[list[InvocationResult | BaseException], int]:
+        hub = svc.client.hubs.current()
+        calls = [svc.client.ainvoke("effect", "hi", deadline_s=20) for _ in range(40)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        named = f"haco-hub-{hub.id}"
+        connections = sum(1 for c in svc.r.client_list() if c.get("name", "").startswith(named))
+        await svc.client.hubs.aclose()
+        return results, connections
+
+    results, connections = asyncio.run(run())
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    assert {r.state for r in results if isinstance(r, InvocationResult)} == {GroupState.WON}
+    assert 0 < connections <= svc.client.settings.hub_shards + 2
+
+    async def broken() -> InvocationResult:
+        try:
+            return await svc.client.ainvoke("broken", "hi", deadline_s=10)
+        finally:
+            await svc.client.hubs.aclose()
+
+    with pytest.raises(AllFailedError) as info:
+        asyncio.run(broken())
+    # every launched member's reason (a zone found dark earlier may still sit out)
+    gid, failures = info.value.group_id, info.value.failures
+    assert failures and all(m.startswith(f"{gid}.") for m in failures)
+    assert set(failures.values()) == {"the service failed"}

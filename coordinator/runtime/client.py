@@ -22,8 +22,10 @@ from pydantic import ValidationError
 from coordinator.config import HacoSettings
 from coordinator.core.params import PolicyParams
 from coordinator.errors import InputError, ServiceError, describe_validation_error
+from coordinator.runtime import aio
 from coordinator.runtime.coordinator import Coordinator, InvocationResult
 from coordinator.runtime.dispatch import CeleryDispatcher, sending_app
+from coordinator.runtime.handles import InvocationHandle, Submitter
 from coordinator.runtime.pool import Pool, pool_from_settings
 from coordinator.services.embedded_redis import discover
 from coordinator.state import keys
@@ -80,6 +82,13 @@ class HacoClient:
             self.settings,
             params=params,
         )
+        # ainvoke(), InvocationHandle.aresult(): one reply hub per event loop
+        # (coordinator.runtime.aio), no thread and no Redis connection per awaited call.
+        self.hubs = aio.Hubs(with_db(url, keys.APP_DB), self.settings)
+        # submit(): background invocations whose outcomes any process can collect.
+        self.submitter = Submitter(
+            self.store, self.coordinator.invoke, self.settings, hubs=self.hubs
+        )
 
     def invocation(
         self,
@@ -116,10 +125,30 @@ class HacoClient:
         return self.coordinator.invoke(self.invocation(role, messages, **options))
 
     async def ainvoke(self, role: str, messages: Messages, **options: Any) -> InvocationResult:
+        """invoke as a coroutine: planning and sends run on the event loop (short Redis
+        and broker calls); the replies are awaited on the loop's reply hub."""
         inv = self.invocation(role, messages, **options)
-        return await asyncio.to_thread(self.coordinator.invoke, inv)
+        # Shielded: a cancelled caller leaves the group to run to its close.
+        return await aio.shielded(aio.ainvoke(self.coordinator, self.hubs.current(), inv))
+
+    async def aclose(self) -> None:
+        """Close the running loop's reply hub, then the client (:meth:`close`)."""
+        await self.hubs.aclose()
+        await asyncio.to_thread(self.close)
+
+    def submit(self, role: str, messages: Messages, **options: Any) -> InvocationHandle:
+        """Validate and accept the call, run it in the background, return at once; the
+        handle's id is the hedge group's id (collect it here or with :meth:`handle`)."""
+        inv = self.invocation(role, messages, **options)
+        self.pool.candidates(inv.role)  # an unknown role fails now, not in the outcome
+        return self.submitter.submit(inv)
+
+    def handle(self, invocation_id: str) -> InvocationHandle:
+        """A submitted invocation, from any process using the same Redis."""
+        return InvocationHandle(invocation_id, self.store, self.settings, self.hubs)
 
     def close(self) -> None:
+        self.submitter.close()  # accepted invocations finish and store their outcomes
         self.coordinator.lost.close()  # pending records of lost members: dropped
         self.redis.close()
         self.app.close()

@@ -102,7 +102,7 @@ class Coordinator:
         view = build_view(members, caller, profiles, links, request_bytes, self.profile_settings)
         return cands, view
 
-    def _plan(self, inv: RoleInvocation) -> Group:
+    def _plan(self, inv: RoleInvocation, group_id: str | None = None) -> Group:
         call = self.pool.call_settings(inv, self.settings, self.params)
         request_bytes = payload_bytes(inv.payload)  # k: the JSON messages (spec §13)
         cands, view = self.view(inv.role, request_bytes)
@@ -125,7 +125,7 @@ class Coordinator:
         t_proc = [float(view.stats.t_proc_s[i]) for i in members]
         watch = watch_for(self.settings, self.waits, self.pool.config.sim, chosen, t_proc)
         return Group(
-            id=self.new_id(),
+            id=group_id or self.new_id(),
             role=inv.role,
             call=call,
             decision=decision,
@@ -141,8 +141,10 @@ class Coordinator:
         )
 
     # -- running ----------------------------------------------------------------------
-    def invoke(self, inv: RoleInvocation) -> InvocationResult:
-        g = self._plan(inv)
+    def invoke(self, inv: RoleInvocation, group_id: str | None = None) -> InvocationResult:
+        """Run ``inv`` to its verdict; ``group_id`` fixes the group's id (HacoClient.submit
+        assigns it up front), else a new one is drawn."""
+        g = self._plan(inv, group_id)
         self.store.open_group(g.id, self.settings.group_ttl_s)
         self.budget.earn()
         for launch in g.launcher.initial():
@@ -228,20 +230,27 @@ class Coordinator:
         push = functools.partial(self.store.push_reply, g.id, WAKE, self.settings.group_ttl_s)
         g.alarm.start(max(0.0, wake_s - now_s), push)
 
+    def _tick(self, g: Group, now: float) -> Verdict | None:
+        """One step of the wait (also the async path's, coordinator.runtime.aio): give up
+        on silent members, launch what is due, decide; None: keep waiting."""
+        self._give_up(g, now)
+        while (launch := g.launcher.due(now)) is not None:
+            before = g.launcher.launched
+            self._launch(g, launch)
+            if g.launcher.launched == before:
+                break  # the budget refused a backup: wait on what runs
+        v = self._verdict(g)
+        if v.decided:
+            return v
+        if now >= g.deadline_at:
+            return self._deadline_verdict(g)
+        return None
+
     def _wait_loop(self, g: Group) -> Verdict:
         while True:
             now = self.clock()
-            self._give_up(g, now)
-            while (launch := g.launcher.due(now)) is not None:
-                before = g.launcher.launched
-                self._launch(g, launch)
-                if g.launcher.launched == before:
-                    break  # the budget refused a backup: wait on what runs
-            v = self._verdict(g)
-            if v.decided:
+            if (v := self._tick(g, now)) is not None:
                 return v
-            if now >= g.deadline_at:
-                return self._deadline_verdict(g)
             timer_s = min(g.launcher.wake_at(), g.watch.wake_at())
             wake = min(g.deadline_at, timer_s)
             if timer_s < g.deadline_at:

@@ -78,6 +78,16 @@ class RuntimeStore(Protocol):
         ...
 
 
+class OutcomeStore(Protocol):
+    """Submitted invocations (keys.invocation_accepted, _result, _done): their phase and
+    outcome JSON, readable from any process (RedisStore via state.outcomes; MemoryStore)."""
+
+    def set_invocation_phase(self, group_id: str, phase: str, ttl_s: float) -> None: ...
+    def save_outcome(self, group_id: str, outcome: str, ttl_s: float) -> None: ...
+    def invocation_record(self, group_id: str) -> tuple[str | None, str | None]: ...
+    def wait_outcome(self, group_id: str, timeout_s: float) -> str | None: ...
+
+
 class HedgeBudget(Protocol):
     def earn(self, n_requests: int = 1) -> None:
         """Credit ``n_requests`` admitted invocations: ``budget_ratio`` tokens each."""

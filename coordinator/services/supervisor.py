@@ -19,11 +19,19 @@ from coordinator.services.embedded_redis import EmbeddedRedis, resolve_redis_url
 from coordinator.tracestore.db import connect
 from coordinator.tracestore.migrate import migrate
 
+JUDGE_WORKER = "(judge)"  # its key in Stack.workers: not a valid zone name
 WORKER_STOP_TIMEOUT_S = 10.0  # Celery's warm shutdown waits for running members
 
 
 def worker_command(zone: str, concurrency: int | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "coordinator.cli.main", "worker", "--zone", zone]
+    if concurrency is not None:
+        cmd += ["--concurrency", str(concurrency)]
+    return cmd
+
+
+def judge_command(concurrency: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "coordinator.cli.main", "worker", "--judge"]
     if concurrency is not None:
         cmd += ["--concurrency", str(concurrency)]
     return cmd
@@ -71,6 +79,13 @@ class Stack:
     def start_worker(self, zone: str, concurrency: int | None = None) -> subprocess.Popen[bytes]:
         proc = self._spawn(worker_command(zone, concurrency), f"worker-{zone}")
         self.workers[zone] = proc
+        return proc
+
+    def start_judge(self, concurrency: int | None = None) -> subprocess.Popen[bytes]:
+        """The judge queue's worker (`haco worker --judge`; needs the trace store and an
+        [evaluator] in the pool config); stopped with the zone workers."""
+        proc = self._spawn(judge_command(concurrency), "worker-judge")
+        self.workers[JUDGE_WORKER] = proc
         return proc
 
     def start_harvester(self) -> subprocess.Popen[bytes]:

@@ -50,6 +50,38 @@ def group_judged(group_id: str) -> str:
     return f"{PREFIX}:g:{group_id}:judged"
 
 
+def invocation_accepted(group_id: str) -> str:
+    """String, the phase of a submitted invocation (HacoClient.submit): "pending" when
+    accepted (written at submit, before it runs), "running" once its coordinator started
+    it. Tells "not finished yet" from "unknown id" to any process. Writer: the process that
+    submitted and runs it (coordinator.runtime.handles). TTL: result_ttl_s plus the
+    invocation's deadline, set again when it starts running."""
+    return f"{PREFIX}:g:{group_id}:accepted"
+
+
+def invocation_result(group_id: str) -> str:
+    """String (JSON ``coordinator.runtime.handles.Outcome``): the InvocationResult, or the
+    HedgeError's kind, message and every member's reason. Written once, with the
+    :func:`invocation_done` token in the same MULTI, by the coordinator process that ran
+    the invocation; read by InvocationHandle in any process. TTL: result_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:result"
+
+
+def invocation_done(group_id: str) -> str:
+    """List holding one token once :func:`invocation_result` is written: waiters block on
+    it with ``BLMOVE done done`` (pops and pushes the token back atomically, so every
+    waiter in every process wakes, in O(1)). Writer: as invocation_result. TTL:
+    result_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:done"
+
+
+def hub_control(hub_id: str, shard: int) -> str:
+    """List: a per-process reply hub's control tokens (coordinator.runtime.aio): a token
+    LPUSHed here wakes the shard's BRPOP, so it re-issues with its new set of group reply
+    lists. Writer and reader: that process alone. TTL: group_ttl_s, refreshed on push."""
+    return f"{PREFIX}:hub:{hub_id}:{shard}"
+
+
 WAKE = "wake"
 """A token on a group's reply list that is no member report: a coordinator timer is due,
 or a judgement arrived (coordinator.runtime.coordinator.WAKE is the same token)."""

@@ -46,6 +46,10 @@ class MemoryStore:
         self.counters: dict[str, int] = {}
         self.judged: dict[str, dict[str, float | None]] = {}  # keys.group_judged
         self._on_cancel: list[Callable[[str], None]] = []  # as keys.CANCELLED subscribers
+        # Submitted invocations (keys.invocation_accepted / _result): (value, expires at)
+        # on ``clock``, the TTL enforced as for cooldowns.
+        self.phases: dict[str, tuple[str, float]] = {}
+        self.outcomes: dict[str, tuple[str, float]] = {}
 
     def on_cancel(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(group_id)`` whenever a group's signal becomes cancelled (the
@@ -58,6 +62,33 @@ class MemoryStore:
             listeners = list(self._on_cancel)
         for listener in listeners:  # outside the lock, as a subscriber runs elsewhere
             listener(group_id)
+
+    def set_invocation_phase(self, group_id: str, phase: str, ttl_s: float) -> None:
+        with self._lock:
+            self.phases[group_id] = (phase, self.clock() + ttl_s)
+
+    def save_outcome(self, group_id: str, outcome: str, ttl_s: float) -> None:
+        with self._lock:
+            self.outcomes[group_id] = (outcome, self.clock() + ttl_s)
+            self._lock.notify_all()
+
+    def _live(self, table: dict[str, tuple[str, float]], group_id: str) -> str | None:
+        value, ends = table.get(group_id, (None, 0.0))
+        return value if ends > self.clock() else None
+
+    def invocation_record(self, group_id: str) -> tuple[str | None, str | None]:
+        with self._lock:
+            return self._live(self.phases, group_id), self._live(self.outcomes, group_id)
+
+    def wait_outcome(self, group_id: str, timeout_s: float) -> str | None:
+        end = time.monotonic() + max(0.0, timeout_s)
+        with self._lock:
+            while (found := self._live(self.outcomes, group_id)) is None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                self._lock.wait(left)
+            return found
 
     def open_group(self, group_id: str, ttl_s: float) -> None:
         with self._lock:

@@ -40,6 +40,7 @@ from coordinator.state import keys
 from coordinator.state.codec import text
 from coordinator.state.epochs import DeltaWrite, ProfileView, read_view, write_delta
 from coordinator.state.lua import lua
+from coordinator.state.outcomes import RedisOutcomes
 from schemas.enums import GroupSignal
 
 _MS = 1000
@@ -113,9 +114,10 @@ def _fold_link(
     return update_link_many(prof, obs, settings)
 
 
-class RedisStore:
+class RedisStore(RedisOutcomes):
     """The production backend. ``client`` must not decode responses (bytes in, bytes out).
-    ``profile_settings`` is how deltas merge onto the snapshot (the workers' decay)."""
+    ``profile_settings`` is how deltas merge onto the snapshot (the workers' decay).
+    Submitted invocations' outcomes: :class:`coordinator.state.outcomes.RedisOutcomes`."""
 
     def __init__(
         self, client: redis.Redis, profile_settings: ProfileSettings | None = None
