@@ -68,6 +68,9 @@ class HacoSettings(BaseSettings):
     hub_shards: Annotated[int, Field(ge=1, le=256)] = 8
     hub_idle_s: Seconds = 1.0
     hub_retry_s: Seconds = 0.5
+    # A relayed stream (coordinator/runtime/streaming.py) waits for its members' first
+    # tokens in XREADs of at most stream_block_s, checking the group's replies in between.
+    stream_block_s: Seconds = 0.05
 
     # Liveness of members (coordinator/core/patience.py, coordinator/runtime/liveness.py).
     # A member no worker started within max(start_timeout_min_s, start_timeout_factor ×

@@ -190,6 +190,9 @@ class MemberTask(_Strict):
     r_minus: float = 0.0
     idempotency_key: str | None = None
     sim_seed: int | None = None  # simulated backends only: fixes the draw (tests, demo)
+    # A relayed stream: the Redis stream (coordinator.state.keys.member_chunks) the member
+    # appends its content deltas to as they arrive, then an end entry.
+    stream_to: str | None = Field(default=None, max_length=160)
 
 
 class MemberReport(_Strict):

@@ -47,8 +47,10 @@ class HacoOptions(_Strict):
 
     tau: Annotated[Number, Field(gt=0.0, lt=1.0)] | None = None
     deadline_s: Annotated[Number, Field(gt=0.0, le=86_400.0)] | None = None
-    launch_mode: LaunchMode | None = None
-    winner_mode: WinnerMode | None = None
+    # An enum's value from JSON (the body reaches the model as Python objects: a strict
+    # enum field would refuse every string).
+    launch_mode: Annotated[LaunchMode, Field(strict=False)] | None = None
+    winner_mode: Annotated[WinnerMode, Field(strict=False)] | None = None
     idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
 
     def call_options(self) -> dict[str, Any]:

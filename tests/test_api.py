@@ -41,6 +41,9 @@ ROLES = {
     "coder": [("c-ok", "ok", 10.0), ("c-ok2", "no-usage", 10.0)],
     "broken": [("b-500", "500", 10.0), ("b-503", "503", 10.0)],
     "slow": [("s-hang", "hang", 3.0)],
+    # tests/test_streaming.py: one streams at once, the other never sends a byte
+    "race": [("r-ok", "ok:race", 10.0), ("r-hang", "hang:race", 10.0)],
+    "cut": [("x-stall", "stall:cut", 1.0)],  # three words, then silence: a read timeout
 }
 
 

@@ -28,7 +28,8 @@ from coordinator.state.cancelwatch import CancelWatcher
 from coordinator.state.store import OutcomeLimits
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
-from workers.backends.base import Backend, BackendResult, StopCheck
+from workers.backends.base import Backend, BackendResult, DeltaBackend, StopCheck
+from workers.streamsink import ChunkSink, streaming_stop
 
 log = logging.getLogger(__name__)
 # A member whose coordinator declared it not started in time never starts later.
@@ -139,7 +140,7 @@ def _execute(task: MemberTask, ctx: MemberContext, should_stop: StopCheck) -> Me
         _reply(task, report, ctx)
         return report
     backend = ctx.backends(task)
-    result = backend.call(task, should_stop)
+    result = _call(task, backend, should_stop, ctx)
     if result.retry_after_s is not None:  # rate limited: not planned until it expires
         _cool_down(task, result.retry_after_s, ctx)
     outcome = _commit_once(task, backend, result, ctx)
@@ -153,6 +154,21 @@ def _execute(task: MemberTask, ctx: MemberContext, should_stop: StopCheck) -> Me
         _harvest(task, result.link_observations, report, ctx)
     _send_to_judge(task, report, ctx)
     return report
+
+
+def _call(task: MemberTask, backend: Backend, stop: StopCheck, ctx: MemberContext) -> BackendResult:
+    """The backend's call; a relayed one (``stream_to``) appends its deltas as they arrive,
+    then its end entry, before the member reports (workers.streamsink)."""
+    if task.stream_to is None:
+        return backend.call(task, stop)
+    sink = ChunkSink(ctx.store, task.stream_to, ctx.settings.group_ttl_s)
+    stop = streaming_stop(stop, ctx.store, task)
+    if isinstance(backend, DeltaBackend):
+        result = backend.call_streamed(task, stop, sink)
+    else:
+        result = backend.call(task, stop)
+    sink.end(result)
+    return result
 
 
 def _send_to_judge(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:

@@ -36,7 +36,7 @@ from coordinator.core.profiles import LinkObservation
 from schemas.backends import AzureSettings, OpenAISettings
 from schemas.enums import FailureKind
 from schemas.models import BackendSpec, Candidate, MemberTask
-from workers.backends.base import Backend, BackendResult, StopCheck
+from workers.backends.base import Backend, BackendResult, DeltaBackend, DeltaSink, StopCheck
 
 Clock = Callable[[], float]
 Fetch = Callable[[str, float], None]
@@ -175,13 +175,23 @@ class ProbedBackend:
         self._draw, self._clock = draw, clock
 
     def call(self, task: MemberTask, should_stop: StopCheck) -> BackendResult:
+        return self.call_streamed(task, should_stop, None)
+
+    def call_streamed(
+        self, task: MemberTask, should_stop: StopCheck, sink: DeltaSink | None
+    ) -> BackendResult:
+        """:meth:`call`, the deltas to ``sink`` when the inner backend streams them."""
         rate = task.candidate.real_failure_rate
         if rate > 0.0 and self._draw() < rate:
             return BackendResult(
                 FailureKind.INTERNAL, f"injected outage (real_failure_rate={rate})"
             )
         rtt = self.probe.rtt(self.url).rtt_s if self.probe and self.url else None
-        return self._measured(self.inner.call(task, should_stop), payload_bytes(task.payload), rtt)
+        if sink is not None and isinstance(self.inner, DeltaBackend):
+            res = self.inner.call_streamed(task, should_stop, sink)
+        else:
+            res = self.inner.call(task, should_stop)
+        return self._measured(res, payload_bytes(task.payload), rtt)
 
     def _measured(self, res: BackendResult, k: int, rtt: float | None) -> BackendResult:
         """The probe's RTT and the payload size into a delivered call's result (a lost

@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from coordinator.api.convert import chunks, completion, headers, to_messages
+from coordinator.api.convert import completion, headers, to_messages
 from coordinator.api.deps import client_of, invoke
+from coordinator.api.relay import relay
 from schemas.openai_api import ChatCompletion, ChatCompletionRequest, ModelList, ModelOut
 
 router = APIRouter(prefix="/v1")
@@ -20,14 +21,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     client = client_of(request)
     client.pool.candidates(body.model)  # UnknownRoleError (404) before any work
     options = body.haco.call_options() if body.haco else {}
+    if body.stream:
+        return await relay(request, body, options)
     result = await invoke(request, body.model, to_messages(body.messages), options)
     created = int(time.time())
-    if body.stream:
-        return StreamingResponse(
-            chunks(result, body.model, created),
-            media_type="text/event-stream",
-            headers=headers(result),
-        )
     answer = completion(result, body.model, created)
     return JSONResponse(answer.model_dump(), headers=headers(result))
 

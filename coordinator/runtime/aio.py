@@ -266,7 +266,11 @@ async def ainvoke(
     coord: Coordinator, hub: ReplyHub, inv: RoleInvocation, group_id: str | None = None
 ) -> InvocationResult:
     """Coordinator.invoke as a coroutine: the same steps, the reply waits on ``hub``."""
-    g = coord._plan(inv, group_id)
+    return await run(coord, hub, coord._plan(inv, group_id))
+
+
+async def run(coord: Coordinator, hub: ReplyHub, g: Group) -> InvocationResult:
+    """A planned group's launches, wait and close (:func:`ainvoke`)."""
     queue = await hub.register(g.id)
     try:
         coord.store.open_group(g.id, coord.settings.group_ttl_s)

@@ -13,7 +13,7 @@ Errors come from one tree (:mod:`coordinator.errors`): ``InputError`` for a bad 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import redis
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from coordinator.config import HacoSettings
 from coordinator.core.params import PolicyParams
 from coordinator.errors import InputError, ServiceError, describe_validation_error
-from coordinator.runtime import aio
+from coordinator.runtime import aio, streaming
 from coordinator.runtime.coordinator import Coordinator, InvocationResult
 from coordinator.runtime.dispatch import CeleryDispatcher, sending_app
 from coordinator.runtime.handles import InvocationHandle, Submitter
@@ -130,6 +130,14 @@ class HacoClient:
         inv = self.invocation(role, messages, **options)
         # Shielded: a cancelled caller leaves the group to run to its close.
         return await aio.shielded(aio.ainvoke(self.coordinator, self.hubs.current(), inv))
+
+    def astream(
+        self, role: str, messages: Messages, **options: Any
+    ) -> AsyncIterator[streaming.StreamEvent]:
+        """A relayed stream: the first member to produce a token wins it
+        (coordinator.runtime.streaming)."""
+        inv = self.invocation(role, messages, **options)
+        return streaming.astream(self.coordinator, self.hubs.current(), self.hubs.url, inv)
 
     async def aclose(self) -> None:
         """Close the running loop's reply hub, then the client (:meth:`close`)."""

@@ -46,6 +46,7 @@ from coordinator.runtime.liveness import (
 from coordinator.runtime.pool import Pool
 from coordinator.runtime.ports import DelayWindow, Dispatcher, HedgeBudget, RuntimeStore
 from coordinator.runtime.results import InvocationResult, MemberSummary
+from coordinator.state import keys
 from coordinator.state.store import CloseLimits, GroupClose
 from schemas.enums import GroupSignal, GroupState, LaunchMode
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
@@ -178,6 +179,7 @@ class Coordinator:
             u_plus=d.u_plus[launch.rank] if d.u_plus else 0.0,
             r_minus=d.r_minus[launch.rank] if d.r_minus else 0.0,
             idempotency_key=g.payload.idempotency_key,
+            stream_to=keys.member_chunks(g.id, launch.rank) if g.stream else None,
         )
         g.launched_at[launch.rank] = now
         g.watch.on_launch(launch.rank, now)

@@ -61,6 +61,7 @@ class Group:
     # judgements: coordinator.runtime.judging), and the winner's judged quality.
     winner_rule: WinnerMode | None = None
     fallback_reason: str | None = None
+    stream: bool = False  # members append their deltas to keys.member_chunks (a relay)
     winner_quality: float | None = None
 
     def member_id(self, rank: int) -> str:

@@ -26,6 +26,21 @@ def group_replies(group_id: str) -> str:
     return f"{PREFIX}:g:{group_id}:replies"
 
 
+def member_chunks(group_id: str, rank: int) -> str:
+    """Stream: a streamed member's content deltas as they arrive (``d``: text, one entry
+    per read), then one end entry (``end``: ok | failed, ``reason``, ``tokens_in``,
+    ``tokens_out``). Writer: the member's worker (workers.streamsink); reader: the
+    coordinator relaying a stream (coordinator.runtime.streaming). TTL: group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:m:{rank}:chunks"
+
+
+def stream_winner(group_id: str) -> str:
+    """String, SET NX by the coordinator relaying a stream: the member whose first token
+    came first (so exactly one stream is relayed). Its worker reads it when the group is
+    cancelled, to keep running while the others stop. TTL: group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:stream_winner"
+
+
 def group_winner(group_id: str) -> str:
     """String, set once when the group closes (coordinator.state.store.RedisStore.
     close_group, ``SET NX`` semantics): the member id that won, so exactly one winner is

@@ -38,6 +38,7 @@ class MemoryStore:
         self.replies: dict[str, deque[str]] = defaultdict(deque)
         self.winners: dict[str, str] = {}
         self.claims: dict[str, str | None] = {}  # closed groups: their winner (None: none)
+        self.chunks: dict[str, list[dict[str, str]]] = {}  # keys.member_chunks: entries
         self.idem: dict[str, str] = {}
         self.candidates: dict[str, CandidateProfile] = {}
         self.links: dict[str, LinkProfile] = {}
@@ -125,6 +126,13 @@ class MemoryStore:
                 return False  # SET NX semantics: even the holder's second claim fails
             self.winners[group_id] = self.claims[group_id] = member_id
             return True
+
+    def append_chunks(self, key: str, entries: list[dict[str, str]], ttl_s: float) -> None:
+        with self._lock:
+            self.chunks.setdefault(key, []).extend(entries)
+
+    def stream_winner(self, group_id: str) -> str | None:
+        return None  # no stream is relayed in process
 
     def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str:
         with self._lock:

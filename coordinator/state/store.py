@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
@@ -193,6 +194,24 @@ class RedisStore(RedisOutcomes):
         return bool(
             self._guard("claim a winner", lambda: self.r.set(key, member_id, nx=True, px=px))
         )
+
+    def append_chunks(self, key: str, entries: list[dict[str, str]], ttl_s: float) -> None:
+        """XADD the entries (one round trip), the stream's TTL renewed."""
+
+        def write() -> None:
+            pipe = self.r.pipeline(transaction=False)
+            for entry in entries:
+                fields: dict[FieldT, EncodableT] = {}
+                fields.update(entry)
+                pipe.xadd(key, fields)
+            pipe.pexpire(key, int(ttl_s * _MS))
+            pipe.execute()
+
+        self._guard("append stream chunks", write)
+
+    def stream_winner(self, group_id: str) -> str | None:
+        raw = self._guard("read a stream winner", lambda: self.r.get(keys.stream_winner(group_id)))
+        return None if raw is None else text(raw)
 
     def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str:
         k = keys.idempotency(key)

@@ -46,6 +46,19 @@ class BackendResult:
     retry_after_s: float | None = None
 
 
+DeltaSink = Callable[[list[str]], None]
+"""Takes the content deltas of one read, in order (workers.streamsink.ChunkSink)."""
+
+
+@runtime_checkable
+class DeltaBackend(Protocol):
+    """A backend that can hand its content deltas over as they arrive."""
+
+    def call_streamed(
+        self, task: MemberTask, should_stop: StopCheck, sink: DeltaSink
+    ) -> BackendResult: ...
+
+
 class Backend(Protocol):
     def call(self, task: MemberTask, should_stop: StopCheck) -> BackendResult: ...
 

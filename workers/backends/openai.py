@@ -32,7 +32,7 @@ import httpx
 from schemas.backends import AzureSettings, OpenAISettings
 from schemas.enums import FailureKind
 from schemas.models import Candidate, MemberTask
-from workers.backends.base import BackendResult, StopCheck
+from workers.backends.base import BackendResult, DeltaSink, StopCheck
 from workers.backends.http_errors import (
     CONTENT_FILTER_CODES,
     Cooldown,
@@ -141,6 +141,9 @@ class ChatBackend:
     def commit(self, task: MemberTask) -> None:
         """A model call has no side effect to commit."""
 
+    def _streams(self, task: MemberTask) -> bool:
+        return self.endpoint.settings.stream or task.stream_to is not None
+
     def _body(self, task: MemberTask) -> dict[str, Any]:
         s = self.endpoint.settings
         temperature = task.candidate.temperature if s.temperature is None else s.temperature
@@ -153,7 +156,7 @@ class ChatBackend:
             body["model"] = self.endpoint.model
         if s.max_tokens is not None:
             body["max_tokens"] = s.max_tokens
-        if s.stream:
+        if self._streams(task):
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         return body
@@ -167,6 +170,13 @@ class ChatBackend:
         return (key, None) if key else (None, f"the environment variable {name} is not set")
 
     def call(self, task: MemberTask, should_stop: StopCheck) -> BackendResult:
+        return self.call_streamed(task, should_stop, None)
+
+    def call_streamed(
+        self, task: MemberTask, should_stop: StopCheck, sink: DeltaSink | None
+    ) -> BackendResult:
+        """:meth:`call`, each read's content deltas handed to ``sink`` as they arrive (a
+        relayed stream, workers.streamsink); the endpoint is asked to stream."""
         start = time.monotonic()
         payload = json.dumps(self._body(task), ensure_ascii=False).encode("utf-8")
         prompt_tokens = approx_tokens("\n".join(m.content for m in task.payload))
@@ -176,7 +186,7 @@ class ChatBackend:
         reply = _Reply()
         try:
             watch = Watch(should_stop, start + self._total, self._poll)
-            failure = self._exchange(payload, key, reply, watch)
+            failure = self._exchange(payload, key, reply, watch, (self._streams(task), sink))
         except StopRequested:
             failure = Failure(FailureKind.CANCELLED, "cancelled while running: connection closed")
         except TotalTimeout:
@@ -193,10 +203,10 @@ class ChatBackend:
     def _poll(self) -> float:
         return self.endpoint.settings.stop_poll_s
 
-    def _request(self, payload: bytes, key: str | None) -> httpx.Request:
+    def _request(self, payload: bytes, key: str | None, stream: bool) -> httpx.Request:
         s, ep = self.endpoint.settings, self.endpoint
         headers = {"content-type": "application/json", "accept": "application/json"}
-        if s.stream:
+        if stream:
             headers["accept"] = "text/event-stream"
         if key is not None:
             headers[ep.key_header] = f"{ep.key_prefix}{key}"
@@ -211,19 +221,25 @@ class ChatBackend:
         )
 
     def _exchange(
-        self, payload: bytes, key: str | None, reply: _Reply, watch: Watch
+        self,
+        payload: bytes,
+        key: str | None,
+        reply: _Reply,
+        watch: Watch,
+        streaming: tuple[bool, DeltaSink | None],
     ) -> Failure | None:
         """Send, then read the response into ``reply``; the failure, or None."""
+        stream, sink = streaming
         with watching(watch):
             watch.check()
-            response = self.client.send(self._request(payload, key), stream=True)
+            response = self.client.send(self._request(payload, key, stream), stream=True)
             try:
                 if not response.is_success:
                     return self._failed(response, watch)
                 reply.accepted = True
                 sse = "text/event-stream" in response.headers.get("content-type", "")
-                if self.endpoint.settings.stream and sse:
-                    return _read_stream(_chunks(response, watch), reply)
+                if stream and sse:
+                    return _read_stream(_chunks(response, watch), reply, sink)
                 return _read_body(_chunks(response, watch), reply)
             finally:
                 response.close()  # mid-body: the connection is closed, not reused
@@ -289,15 +305,17 @@ def _outcome(reply: _Reply) -> Failure | None:
     return None
 
 
-def _read_stream(chunks: Iterator[bytes], reply: _Reply) -> Failure | None:
+def _read_stream(chunks: Iterator[bytes], reply: _Reply, sink: DeltaSink | None) -> Failure | None:
     parser = SSEParser()
-    events = (data for chunk in chunks for data in parser.feed(chunk))
+    reads = (parser.feed(chunk) for chunk in chunks)
+    sent = 0
     try:
-        for data in _ended(events, parser):
-            if data.strip() == "[DONE]":
-                reply.done = True
-            elif not reply.done:  # after [DONE]: drained, so the connection is reused
-                reply.take(json.loads(data), "delta")
+        for events in _ended(reads, parser):
+            for data in events:
+                _event(data, reply)
+            if sink is not None and len(reply.parts) > sent:  # one hand-over per read
+                sink(reply.parts[sent:])
+                sent = len(reply.parts)
     except ValueError as exc:
         return Failure(FailureKind.INVALID_RESPONSE, f"a stream event is not a chunk: {exc}")
     if reply.finish_reason is not None and not reply.done:
@@ -305,9 +323,16 @@ def _read_stream(chunks: Iterator[bytes], reply: _Reply) -> Failure | None:
     return _outcome(reply)
 
 
-def _ended(events: Iterator[str], parser: SSEParser) -> Iterator[str]:
-    yield from events
-    yield from parser.close()
+def _event(data: str, reply: _Reply) -> None:
+    if data.strip() == "[DONE]":
+        reply.done = True
+    elif not reply.done:  # after [DONE]: drained, so the connection is reused
+        reply.take(json.loads(data), "delta")
+
+
+def _ended(reads: Iterator[Iterator[str]], parser: SSEParser) -> Iterator[Iterator[str]]:
+    yield from reads
+    yield parser.close()
 
 
 def _read_body(chunks: Iterator[bytes], reply: _Reply) -> Failure | None:
