@@ -17,9 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from openai import OpenAI
 from polling import wait_for
 from services import flush_runtime_dbs
+from test_api import UvicornThread
 
+from coordinator.api.app import create_app
 from coordinator.cli.demo_local import JUDGE_PROMPT, SCORE_FORMAT
 from coordinator.config import HacoSettings
 from coordinator.runtime.client import HacoClient
@@ -106,10 +109,26 @@ def test_a_real_hedged_invocation(
                 wait_for("both workers to answer a ping", answered, 60.0)
                 # A fresh pool is hedged in full: both servers answer the same request.
                 res = client.invoke("coder", "Say hello in five words.", deadline_s=90)
+                # The same model through `haco serve`, by the official SDK: plain, and
+                # streamed with the first member's tokens relayed as they come.
+                with UvicornThread(create_app(settings, client)) as server:
+                    sdk = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+                    plain = sdk.chat.completions.create(
+                        model="coder", messages=[{"role": "user", "content": "Say hi."}],
+                        extra_body={"haco": {"deadline_s": 90}},
+                    )  # fmt: skip
+                    streamed = sdk.chat.completions.create(
+                        model="coder", messages=[{"role": "user", "content": "Count to 3."}],
+                        stream=True, extra_body={"haco": {"winner_mode": "first"}},
+                    )  # fmt: skip
+                    deltas = [c.choices[0].delta.content or "" for c in streamed if c.choices]
         finally:
             stack.stop()
             flush_runtime_dbs(runtime_redis_url)
     assert res.state is GroupState.WON and res.output and res.output.strip()
+    assert plain.model == "coder" and (plain.choices[0].message.content or "").strip()
+    assert plain.usage is not None and plain.usage.completion_tokens > 0
+    assert "".join(deltas).strip()
     assert {m.candidate_id for m in res.members} == {"smol-local", "smol-regional"}
     done = [m for m in res.members if m.status is MemberStatus.SUCCEEDED]
     assert done and all(m.tokens_in > 0 and m.tokens_out > 0 for m in done)
