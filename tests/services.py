@@ -49,17 +49,19 @@ import shutil
 import socket
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import redis
+from polling import wait_for
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from coordinator.runtime.client import HacoClient
 from coordinator.services.embedded_pg import EmbeddedPostgres
 from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.state import keys
@@ -320,3 +322,14 @@ def open_pool(url: str, timeout: float = 10.0) -> ConnectionPool:
     )  # fmt: skip
     pool.open(wait=True, timeout=30)
     return pool
+
+
+def wait_ready(client: HacoClient, zones: Sequence[str], timeout_s: float = 30.0) -> None:
+    """Until the worker of every zone answers a Celery ping."""
+    want = {f"haco-{zone}@{socket.gethostname()}" for zone in zones}
+
+    def answered() -> bool:
+        replies = client.app.control.ping(destination=sorted(want), timeout=0.5)
+        return want <= {name for reply in replies for name in reply}
+
+    wait_for(f"workers {sorted(want)} to answer a ping", answered, timeout_s)

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polling import wait_for
-from services import flush_runtime_dbs
+from services import flush_runtime_dbs, wait_ready
 
 from coordinator.api.app import create_app
 from coordinator.api.health import Readiness
@@ -122,13 +122,7 @@ def served(runtime_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> 
                 redis_url=stack.redis_url, pool_file=pool, api_tokens=f"other, {TOKEN}"
             )
             with HacoClient(settings, redis_url=stack.redis_url) as client:
-                want = f"haco-{ZONE}@{socket.gethostname()}"
-
-                def answered() -> bool:
-                    replies = client.app.control.ping(destination=[want], timeout=0.5)
-                    return any(want in reply for reply in replies)
-
-                wait_for("the worker to answer a ping", answered, 30.0)
+                wait_ready(client, [ZONE], 30.0)
                 with UvicornThread(create_app(settings, client)) as server:
                     yield Served(server.url, client, settings, fake)
         finally:

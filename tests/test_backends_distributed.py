@@ -5,7 +5,6 @@ worker`, as `haco up` starts it) whose pool config points at the fake OpenAI ser
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import redis
 from fake_openai import ANSWER, FakeServer
 from polling import wait_for
-from services import flush_runtime_dbs
+from services import flush_runtime_dbs, wait_ready
 
 from coordinator.config import HacoSettings
 from coordinator.runtime.client import HacoClient
@@ -79,13 +78,7 @@ def deployed(
         try:
             settings = HacoSettings(redis_url=stack.redis_url, pool_file=pool)
             with HacoClient(settings, redis_url=stack.redis_url) as client:
-                want = f"haco-{ZONE}@{socket.gethostname()}"
-
-                def answered() -> bool:
-                    replies = client.app.control.ping(destination=[want], timeout=0.5)
-                    return any(want in reply for reply in replies)
-
-                wait_for("the worker to answer a ping", answered, 30.0)
+                wait_ready(client, [ZONE], 30.0)
                 yield Deployed(server, stack, client, tmp / "state" / "logs")
         finally:
             stack.stop()

@@ -19,7 +19,6 @@ import asyncio
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any
 import pytest
 import redis
 from polling import wait_for
-from services import UNREACHABLE_REDIS_URL, flush_runtime_dbs
+from services import UNREACHABLE_REDIS_URL, flush_runtime_dbs, wait_ready
 
 from coordinator.config import HacoSettings
 from coordinator.errors import AllFailedError, ConfigError, DeadlineError
@@ -106,17 +105,6 @@ def write_pool(folder: Path) -> Path:
         encoding="utf-8",
     )
     return pool
-
-
-def wait_ready(client: HacoClient, zones: Sequence[str], timeout_s: float = 30.0) -> None:
-    """Until the worker of every zone answers a Celery ping."""
-    want = {f"haco-{zone}@{socket.gethostname()}" for zone in zones}
-
-    def answered() -> bool:
-        replies = client.app.control.ping(destination=sorted(want), timeout=0.5)
-        return want <= {name for reply in replies for name in reply}
-
-    wait_for(f"workers {sorted(want)} to answer a ping", answered, timeout_s)
 
 
 def reports(r: redis.Redis, group_id: str, source: str) -> dict[str, MemberTrace]:

@@ -12,14 +12,12 @@ the build takes minutes.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from openai import OpenAI
-from polling import wait_for
-from services import flush_runtime_dbs
+from services import flush_runtime_dbs, wait_ready
 from test_api import UvicornThread
 
 from coordinator.api.app import create_app
@@ -100,13 +98,7 @@ def test_a_real_hedged_invocation(
         try:
             settings = HacoSettings(redis_url=stack.redis_url, pool_file=pool)
             with HacoClient(settings, redis_url=stack.redis_url) as client:
-                names = [f"haco-{z}@{socket.gethostname()}" for z in ("local", "regional")]
-
-                def answered() -> bool:
-                    replies = client.app.control.ping(destination=names, timeout=0.5)
-                    return len(replies) == len(names)
-
-                wait_for("both workers to answer a ping", answered, 60.0)
+                wait_ready(client, ["local", "regional"], 60.0)
                 # A fresh pool is hedged in full: both servers answer the same request.
                 res = client.invoke("coder", "Say hello in five words.", deadline_s=90)
                 # The same model through `haco serve`, by the official SDK: plain, and
