@@ -18,18 +18,23 @@ INTERVAL_S = 0.05
 
 
 def wait_for(
-    what: str, probe: Callable[[], T], timeout_s: float = 60.0, interval_s: float = INTERVAL_S
+    what: str,
+    probe: Callable[[], T],
+    timeout_s: float = 60.0,
+    interval_s: float = INTERVAL_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> T:
     """Call ``probe`` every ``interval_s`` until it returns something truthy, and return
     that; AssertionError naming ``what`` after ``timeout_s``. The probe runs at least
     once, and once more after the deadline, so a slow machine fails only when the thing
-    really did not happen."""
-    deadline = time.monotonic() + timeout_s
+    really did not happen. ``clock`` and ``sleep`` are injectable."""
+    deadline = clock() + timeout_s
     while True:
-        expired = time.monotonic() > deadline
+        expired = clock() > deadline
         got = probe()
         if got:
             return got
         if expired:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
+        sleep(interval_s)

@@ -186,12 +186,19 @@ def run_invocations(client: HacoClient, tasks: int, deadline_s: float) -> list[R
     return rows
 
 
-def _wait(ready: Callable[[], bool], timeout_s: float, poll_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
+def _wait(
+    ready: Callable[[], bool],
+    timeout_s: float,
+    poll_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+) -> bool:
+    """Whether ``ready`` came true within ``timeout_s`` (clock and sleep injectable)."""
+    deadline = clock() + timeout_s
     while not ready():
-        if time.monotonic() > deadline:
+        if clock() > deadline:
             return False
-        time.sleep(poll_s)
+        sleep(poll_s)
     return True
 
 

@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -113,16 +113,23 @@ class LlamaServer:
             self.proc.kill()
             self.proc.wait(timeout=timeout_s)
 
-    def wait_ready(self, deadline: float, poll_s: float) -> None:
+    def wait_ready(
+        self,
+        deadline: float,
+        poll_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        """Until the server answers; ``deadline`` is on ``clock`` (both injectable)."""
         while not _answers(self.url):
             if self.proc.poll() is not None:
                 tail = self.log.read_text(errors="replace")[-800:]
                 raise ServiceError(
                     f"llama.cpp server {self.url} exited {self.proc.returncode}: {tail}"
                 )
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 raise ServiceError(f"llama.cpp server {self.url} did not answer; log {self.log}")
-            time.sleep(poll_s)
+            sleep(poll_s)
 
 
 def spawn_llama_server(
