@@ -58,7 +58,7 @@ def derive(
             }
     figs["fixed_zone_vs_analytic"] = fixed
     summary = {}
-    for method in ("random", "bestone", "moa", "haco"):
+    for method in ("random", "bestone", "bestone-paper", "moa", "haco", "haco-indep"):
         row = _find(rows, base.name, method, cfg.tau)
         if row:
             summary[method] = {
@@ -108,7 +108,7 @@ def _degradations(cfg: BenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any
         if sc.first_change_task is None:
             continue
         entry: dict[str, Any] = {"change_task": sc.first_change_task}
-        for method in ("random", "bestone", "haco"):
+        for method in ("random", "bestone", "bestone-paper", "haco", "haco-indep"):
             row = _find(rows, sc.name, method, cfg.tau)
             if not row:
                 continue
@@ -117,7 +117,7 @@ def _degradations(cfg: BenchConfig, rows: list[dict[str, Any]]) -> dict[str, Any
                 "all_failed_after_pct": row["all_failed_pct_after"],
                 "rise_points": row["all_failed_pct_after"] - row["all_failed_pct_before"],
             }
-            if method == "haco":
+            if method.startswith("haco"):
                 before = row["zone_member_share_before"].get(GLOBAL_ZONE, 0.0)
                 after = row["zone_member_share_after"].get(GLOBAL_ZONE, 0.0)
                 inc_b = row["zone_inclusion_before"].get(GLOBAL_ZONE, 0.0)

@@ -153,6 +153,9 @@ class HacoSettings(BaseSettings):
     recompute_interval_s: Seconds = 60.0
     recompute_window_s: Seconds = 7 * 86_400.0
     recompute_wait_s: Seconds = 30.0
+    # The co-failure evidence comes with each recompute's snapshot; a coordinator looks
+    # for a newer snapshot at most this often (one HGET), so deciding costs no read.
+    cofailure_refresh_s: Seconds = 5.0
 
     # Celery. The broker's visibility timeout must exceed the longest deadline, or a
     # slow unacknowledged member would be redelivered to a second worker.

@@ -23,6 +23,8 @@ class WinnerMode(StrEnum):
 class StopReason(StrEnum):
     TARGET_REACHED = "target_reached"
     POOL_EXHAUSTED = "pool_exhausted"
+    # Shared failure causes alone cap P_succ below τ: no set of any size reaches it.
+    TARGET_UNREACHABLE = "target_unreachable"
     SINGLE_ROUTE = "single_route"  # a baseline that never accumulates reliability
     FULL_POOL = "full_pool"  # MoA: the whole pool by construction
 

@@ -118,11 +118,27 @@ class RankedCandidate(_Strict):
     p_success_cum: float
 
 
+class FailureDomain(_Strict):
+    """A shared failure cause of a pool: when it strikes (probability ``shock`` per
+    request) every member in it fails together (coordinator.core.cofailure)."""
+
+    name: str = Field(min_length=1)
+    members: list[str] = Field(min_length=1)
+    shock: Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
 class HedgeDecision(_Strict):
     members: list[str]
-    p_success: Probability
+    p_success: Probability  # dependence-aware when domains are given
     stop: StopReason
     ranking: list[RankedCandidate] = Field(default_factory=list)
+    # The dependence-aware rule's terms: the paper's independent figure for the same
+    # members, the whole pool's achievable P_succ, the domains used, and whether the
+    # members were spread across domains instead of taken as the U⁺ prefix.
+    p_success_indep: Probability | None = None
+    achievable: Probability | None = None
+    domains: list[FailureDomain] = Field(default_factory=list)
+    diversified: bool = False
 
 
 class MemberTrace(_Strict):

@@ -142,6 +142,44 @@ class EvaluatorChange(_Strict):
 Change = Annotated[CandidateChange | LinkChange | EvaluatorChange, Field(discriminator="kind")]
 
 
+class Shock(_Strict):
+    """A correlated outage: during tasks ``from_task``..``to_task`` (inclusive) each
+    request is hit with ``probability``, and then every candidate in the scope (all of
+    ``target`` zone's endpoints, or ``target`` model wherever it runs) fails that request
+    together, as the service's failure. 1.0 takes the scope down for the whole stretch."""
+
+    scope: Literal["zone", "model"]
+    target: str = Field(min_length=1)  # a zone of ``zones`` or a model of ``[models]``
+    from_task: Annotated[int, Field(ge=0)]
+    to_task: Annotated[int, Field(ge=0)]
+    probability: Probability = 1.0
+
+    @model_validator(mode="after")
+    def _stretch(self) -> Shock:
+        if self.from_task > self.to_task:
+            raise ValueError(
+                f"shock on {self.scope} {self.target!r}: from_task={self.from_task} "
+                f"exceeds to_task={self.to_task}"
+            )
+        return self
+
+    def active(self, task: int) -> bool:
+        return self.from_task <= task <= self.to_task
+
+
+class HardnessTier(_Strict):
+    """A share of requests whose every successful output has its true quality scaled:
+    quality becomes clip(q · solve_scale, 0, 1). 0 makes a request that defeats every
+    model; shares · scales averaging 1 keep each model's marginal quality (up to the clip)."""
+
+    name: Identifier | None = None
+    share: Probability
+    solve_scale: NonNegative
+
+
+HARDNESS_SHARE_TOLERANCE = 1e-6  # the tiers' shares must sum to 1 within this
+
+
 class Scenario(_Strict):
     name: Identifier
     description: str = ""
@@ -155,12 +193,16 @@ class Scenario(_Strict):
     fixed_zone: list[FixedZoneSpec] = Field(default_factory=list)
     workload: WorkloadSpec = WorkloadSpec()
     changes: list[Change] = Field(default_factory=list)
+    # Correlated failures (none in the paper's settings, which assume independence).
+    shocks: list[Shock] = Field(default_factory=list)
+    hardness: list[HardnessTier] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
         _check_names(self)
         _check_links(self)
         _check_models(self)
+        _check_correlation(self)
         if self.workload.steps_min > self.workload.steps_max:
             raise ValueError(
                 f"workload.steps_min={self.workload.steps_min} exceeds "
@@ -247,3 +289,18 @@ def _check_models(s: Scenario) -> None:
     for where, model in used:
         if model not in s.models:
             raise ValueError(f"{where} uses model {model!r}, not defined in [models]")
+
+
+def _check_correlation(s: Scenario) -> None:
+    for i, shock in enumerate(s.shocks):
+        known = s.zones if shock.scope == "zone" else sorted(s.models)
+        if shock.target not in known:
+            raise ValueError(
+                f"shocks[{i}] targets unknown {shock.scope} {shock.target!r}; "
+                f"expected one of {known}"
+            )
+    if s.hardness:
+        total = sum(t.share for t in s.hardness)
+        if abs(total - 1.0) > HARDNESS_SHARE_TOLERANCE:
+            shares = [t.share for t in s.hardness]
+            raise ValueError(f"hardness shares {shares} sum to {total:g}; expected 1")

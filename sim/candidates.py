@@ -93,6 +93,9 @@ class SimModel:
         return Processing(float(trace.latency_s[i]) * lat.scale, failed)
 
     def quality(self, rng: np.random.Generator) -> float:
+        """True quality of one output: the probability that it is a *qualified*
+        (correct) answer. Whoever needs a verdict draws ``solved = u < quality`` with
+        its own uniform u (the engine, per successful member; ``sim.correlation``)."""
         return float(rng.beta(self._qa, self._qb))
 
     def tokens_out(self, rng: np.random.Generator) -> int:
@@ -111,7 +114,9 @@ class CallDraw:
     proc_latency_s: float | None
     tokens_in: int
     tokens_out: int
-    quality: float | None  # true quality of a successful output
+    # True quality of a successful output: the probability that it is a qualified
+    # (correct) answer, already scaled by the request's hardness tier.
+    quality: float | None
 
 
 def simulate_call(
@@ -121,19 +126,34 @@ def simulate_call(
     request_bytes: float,
     net: NetworkSpec,
     rng: np.random.Generator,
+    *,
+    shocked: bool = False,
+    solve_scale: float = 1.0,
 ) -> CallDraw:
-    """One member call, drawn in a fixed order so that a seed fixes the outcome."""
+    """One member call, drawn in a fixed order so that a seed fixes the outcome.
+
+    ``shocked`` and ``solve_scale`` come from the request's context (a zone- or model-wide
+    shock hitting this candidate, the request's hardness tier; ``sim.world``). With their
+    defaults the call draws exactly what it always drew, in the same order.
+    """
     req = transmit(link, request_bytes, net, rng)
     if req.lost:
         return CallDraw(req.t_net_s, FailureKind.NETWORK, req, None, None, 0, 0, None)
     tokens_in = round(request_bytes / net.bytes_per_token)
     proc = model.process(rng)
-    if proc.failed or rng.random() < failure_rate:
+    # A shocked call fails like the service's own errors: after processing, not fast.
+    # A browned-out region or a broken model version still accepts the request and
+    # errors out about when an answer was due (overload, gateway timeout, a failed
+    # output); so a shock changes whether a member fails, not how long it takes, and
+    # the candidate's latency profile stays comparable. No failure draw is made then.
+    if proc.failed or shocked or rng.random() < failure_rate:
         # The service's error surfaces after it has worked on the request.
         total = req.t_net_s + proc.latency_s
         return CallDraw(total, FailureKind.INTERNAL, req, None, proc.latency_s, tokens_in, 0, None)
     out = model.tokens_out(rng)
     quality = model.quality(rng)
+    if solve_scale != 1.0:
+        quality = min(1.0, max(0.0, quality * solve_scale))
     resp = transmit(link, out * net.bytes_per_token, net, rng, lossy=net.lossy_legs == "both")
     total = req.t_net_s + proc.latency_s + resp.t_net_s
     if resp.lost:
@@ -141,10 +161,15 @@ def simulate_call(
     return CallDraw(total, None, req, resp, proc.latency_s, tokens_in, out, quality)
 
 
-def link_observations(draw: CallDraw, at_s: float) -> list[LinkObservation]:
-    """What the caller's side learns about the link from one call's legs."""
-    return [
-        LinkObservation(at_s, leg.bytes, leg.lost, leg.t_tx_s, leg.t_path_s)
-        for leg in (draw.request, draw.response)
-        if leg is not None
-    ]
+def link_observations(draw: CallDraw, at_s: float, net: NetworkSpec) -> list[LinkObservation]:
+    """What the caller's side learns about the link from one call's legs. The request
+    leg can always be lost; the response leg only with ``lossy_legs = "both"``, else it
+    gives bandwidth and RTT but is no trial for the loss rate (counting it would bias
+    the learned loss down to about p / (2 − p))."""
+    request = draw.request
+    legs = [LinkObservation(at_s, request.bytes, request.lost, request.t_tx_s, request.t_path_s)]
+    resp = draw.response
+    if resp is not None:
+        lossy = net.lossy_legs == "both"
+        legs.append(LinkObservation(at_s, resp.bytes, resp.lost, resp.t_tx_s, resp.t_path_s, lossy))
+    return legs

@@ -19,7 +19,7 @@ from coordinator.core.params import PolicyParams, ProfileSettings
 from coordinator.errors import InputError
 from schemas.models import Candidate
 from schemas.scenario import Scenario
-from sim.engine import InvocationRecord, Simulation
+from sim.engine import InvocationRecord, SimOptions, Simulation
 from sim.workflow import ROLE_OF, TaskOutcome, datawise_task
 from sim.world import SimWorld
 
@@ -98,6 +98,13 @@ class RunResult:
     zone_member_share_after: dict[str, float]
     zone_inclusion_before: dict[str, float]
     zone_inclusion_after: dict[str, float]
+    # Launch modes (sim.engine.SimOptions): how many members actually started, how many
+    # were cancelled, and how often the group's answer was qualified.
+    launch: str
+    mean_launched: float
+    mean_cancelled: float
+    qualified_pct: float
+    winner_qualified_pct: float
     zone_share_by_task: list[dict[str, float]] = field(repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,6 +132,7 @@ def summarize(
     sim: Simulation,
 ) -> RunResult:
     recs = sim.records
+    inv = max(1, len(recs))
     n = len(outcomes)
     cut = scenario.first_change_task
     split = cut if cut is not None else n // 2
@@ -162,6 +170,11 @@ def summarize(
         zone_member_share_after=share_a,
         zone_inclusion_before=incl_b,
         zone_inclusion_after=incl_a,
+        launch=sim.options.label,
+        mean_launched=sum(r.launched for r in recs) / inv,
+        mean_cancelled=sum(r.cancelled for r in recs) / inv,
+        qualified_pct=_pct(sum(r.qualified for r in recs), len(recs)),
+        winner_qualified_pct=_pct(sum(r.winner_qualified for r in recs), len(recs)),
         zone_share_by_task=[_zone_shares(t, zones)[0] for t in by_task],
     )
 
@@ -173,8 +186,27 @@ def run(
     params: PolicyParams | None = None,
     tasks: int | None = None,
     profile_settings: ProfileSettings | None = None,
+    options: SimOptions | None = None,
 ) -> RunResult:
-    """Drive ``tasks`` DATAWISE tasks through ``method`` on a fresh world."""
+    """Drive ``tasks`` DATAWISE tasks through ``method`` on a fresh world (:func:`simulate`
+    without the per-invocation records)."""
+    return simulate(scenario, method, seed, params, tasks, profile_settings, options)[0]
+
+
+def simulate(
+    scenario: Scenario,
+    method: str,
+    seed: int = 0,
+    params: PolicyParams | None = None,
+    tasks: int | None = None,
+    profile_settings: ProfileSettings | None = None,
+    options: SimOptions | None = None,
+) -> tuple[RunResult, list[InvocationRecord]]:
+    """Drive ``tasks`` DATAWISE tasks through ``method`` on a fresh world; the summary and
+    every invocation's record. ``options``: the launch mode and cancellation (default:
+    the paper's parallel launch, losers kept). Three streams per seed: the simulation's
+    [seed, 1] (decisions, calls, judge noise), the workflow's [seed, 2], and the request
+    contexts' and verdicts' [seed, 3]."""
     params = params or PolicyParams()
     n_tasks = tasks if tasks is not None else scenario.workload.tasks
     if n_tasks < 1:
@@ -185,7 +217,10 @@ def run(
     pools = pools_for(method, scenario, world)
     sim_rng = np.random.default_rng([seed, 1])
     work_rng = np.random.default_rng([seed, 2])
-    sim = Simulation(world, pools, impl, sim_rng, profile_settings)
+    ctx_rng = np.random.default_rng([seed, 3])
+    sim = Simulation(
+        world, pools, impl, sim_rng, profile_settings, ctx_rng=ctx_rng, options=options
+    )
     outcomes: list[TaskOutcome] = []
     bpt = scenario.network.bytes_per_token
     for task in range(n_tasks):
@@ -200,4 +235,4 @@ def run(
         except StopIteration as stop:
             outcomes.append(stop.value)
     sim.finish()
-    return summarize(scenario, method, seed, params.tau, outcomes, sim)
+    return summarize(scenario, method, seed, params.tau, outcomes, sim), sim.records

@@ -19,7 +19,10 @@ from pydantic import ValidationError
 from coordinator.errors import InputError, ScenarioError, describe_validation_error
 from schemas.scenario import Scenario
 
-BUILTIN = ("overall", "candidate_degradation", "network_degradation", "evaluator_degradation")
+# The paper's four settings (independent failures), then the correlated-failure ones.
+PAPER = ("overall", "candidate_degradation", "network_degradation", "evaluator_degradation")
+CORRELATED = ("zone_shock", "model_shock", "hardness")
+BUILTIN = PAPER + CORRELATED
 _MAX_EXTENDS_DEPTH = 8  # a chain longer than this is a cycle or a mistake
 
 

@@ -61,8 +61,35 @@ def assert_clean_error(res: Any, *needles: str) -> None:
     assert "Traceback" not in res.output
 
 
+def test_plan_with_domains_shows_the_dependence_terms(tmp_path: Path) -> None:
+    body = {
+        "tau": 0.96,
+        "candidates": [
+            *({"id": f"a{i}", "alpha": 321, "beta": 81} for i in range(3)),
+            *({"id": f"b{i}", "alpha": 281, "beta": 121} for i in range(2)),
+        ],
+        "domains": [{"name": "zone:a", "members": ["a0", "a1", "a2"], "shock": 0.1}],
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(body))
+    res = invoke(["plan", str(path)])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert got["diversified"] and got["p_success"] < got["p_success_indep"]
+    assert sorted(got["members"]) == ["a0", "a1", "b0", "b1"]
+    assert got["domains"][0]["name"] == "zone:a"
+    body["domains"] = [{"name": "zone:x", "members": ["nope"], "shock": 0.1}]
+    path.write_text(json.dumps(body))
+    bad = invoke(["plan", str(path)])
+    assert_clean_error(bad, "zone:x", "nope")
+
+
 def check_decision(decision: dict[str, Any], tau: float = 0.9) -> None:
-    assert set(decision) == {"members", "p_success", "stop", "ranking"}
+    assert set(decision) == {
+        "members", "p_success", "stop", "ranking", "p_success_indep", "achievable",
+        "domains", "diversified",
+    }  # fmt: skip
+    assert decision["domains"] == [] and decision["p_success_indep"] == decision["p_success"]
     ranking = decision["ranking"]
     assert len(ranking) == 3
     for row in ranking:

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from coordinator.core.evidence import PoolMember, build_arrays, link_id
-from coordinator.core.methods import BASELINES, BestOne, MixtureOfAgents, PoolView, RandomOne
+from coordinator.core.methods import (
+    BASELINES,
+    BestOne,
+    BestOnePaper,
+    MixtureOfAgents,
+    PoolView,
+    RandomOne,
+)
 from coordinator.core.params import PolicyParams, ProfileSettings
 from coordinator.core.policy import CandidateArrays, allocate
 from coordinator.core.profiles import CandidateProfile, LinkProfile, Moments
@@ -70,6 +77,22 @@ def test_random_one_is_a_single_route() -> None:
 
 
 # ---------------------------------------------------------------- BestOne
+
+
+def test_paper_bestone_keeps_the_route_best_after_warm_up() -> None:
+    rng = np.random.default_rng(0)
+    method = BestOnePaper(p_exp=0.0)
+    warm = cold_view(3, calls=[2, 2, 2], success_rate=[1.0, 1.0, 1.0], mean_quality=[0.5, 0.8, 0.6])
+    assert method.decide(warm, rng).members == (1,)
+    # Candidate 1 then fails every call: the adaptive BestOne leaves it, the paper's
+    # keeps it.
+    broken = cold_view(
+        3, calls=[2, 40, 2], success_rate=[1.0, 0.05, 1.0], mean_quality=[0.5, 0.8, 0.6]
+    )
+    assert method.decide(broken, rng).members == (1,)
+    assert BestOne(p_exp=0.0).decide(broken, rng).members == (2,)
+    # The warm-up comes first, as for the adaptive variant.
+    assert BestOnePaper().decide(cold_view(3, calls=[2, 1, 2]), rng).members == (1,)
 
 
 def test_best_one_tries_least_tried_first_during_cold_start() -> None:
@@ -133,7 +156,12 @@ def test_mixture_of_agents_takes_the_whole_pool_and_waits_for_the_best() -> None
 
 def test_baseline_registry_builds_each_method() -> None:
     names = {name: factory().name for name, factory in BASELINES.items()}
-    assert names == {"random": "random", "bestone": "bestone", "moa": "moa"}
+    assert names == {
+        "random": "random",
+        "bestone": "bestone",
+        "bestone-paper": "bestone-paper",
+        "moa": "moa",
+    }
 
 
 # ---------------------------------------------------------------- stats.build_arrays

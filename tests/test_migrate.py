@@ -43,7 +43,13 @@ from coordinator.tracestore.migrate import (
     plan,
 )
 
-SHIPPED = ["0001_traces", "0002_verdicts", "0003_endpoint_failures", "0004_winner_rule"]
+SHIPPED = [
+    "0001_traces",
+    "0002_verdicts",
+    "0003_endpoint_failures",
+    "0004_winner_rule",
+    "0005_dependence",
+]
 TABLES = {"invocations", "members", "link_observations", "profile_snapshots"}
 TIMEOUT_S = 60.0
 
@@ -147,7 +153,7 @@ def test_newer_database_is_refused(db: str) -> None:
         migrate(conn)
         conn.execute("INSERT INTO haco_schema_version VALUES (9999, 'future', 'x', now())")
         for attempt in (migrate, plan):
-            with pytest.raises(MigrationError, match=r"9999.*newer.*0004_winner_rule"):
+            with pytest.raises(MigrationError, match=r"9999.*newer.*0005_dependence"):
                 attempt(conn)
 
 
@@ -169,7 +175,7 @@ def test_dry_run_lists_pending_without_applying(db: str, migrations: Path) -> No
         (migrations / "0090_extra.sql").write_text("CREATE TABLE extra (id int);\n")
         second = plan(conn, migrations)
         assert [m.label for m in second.pending] == ["0090_extra"]
-        assert [a.version for a in second.applied] == [1, 2, 3, 4]
+        assert [a.version for a in second.applied] == [1, 2, 3, 4, 5]
         assert "extra" not in tables(conn)
 
 
@@ -179,7 +185,7 @@ def test_failed_migration_rolls_back_and_out_of_order_is_refused(db: str, migrat
         with pytest.raises(MigrationError, match="0091_broken"):
             migrate(conn, migrations)
         assert "half" not in tables(conn)
-        assert [v for v, _, _ in versions(conn)] == [1, 2, 3, 4]  # each committed on its own
+        assert [v for v, _, _ in versions(conn)] == [1, 2, 3, 4, 5]  # each committed on its own
         (migrations / "0091_broken.sql").write_text("CREATE TABLE half (id int);\n")
         assert [m.label for m in migrate(conn, migrations)] == ["0091_broken"]
         (migrations / "0090_late.sql").write_text("CREATE TABLE late (id int);\n")
@@ -221,7 +227,7 @@ def test_concurrent_migrators_apply_once(db: str, migrations: Path) -> None:
         # Each migration applied by exactly one of them (either may take the second).
         applied = sorted(label for labels in results.values() for label in labels)
         assert len(results) == 2 and applied == [*SHIPPED, "0090_extra"]
-        assert [v for v, _, _ in versions(holder)] == [1, 2, 3, 4, 90]
+        assert [v for v, _, _ in versions(holder)] == [1, 2, 3, 4, 5, 90]
 
 
 def test_retention_drops_only_old_partitions_and_default_rows(db: str) -> None:
@@ -301,9 +307,9 @@ def test_cli_migrate_and_retention(db: str, monkeypatch: pytest.MonkeyPatch) -> 
     assert "would apply" in dry.stderr
     real = runner.invoke(app, ["migrate"])
     assert real.exit_code == 0, real.output
-    assert '"version": 4' in real.stdout and "applied 0004_winner_rule" in real.stderr
+    assert '"version": 5' in real.stdout and "applied 0005_dependence" in real.stderr
     again = runner.invoke(app, ["migrate"])
-    assert "up to date at version 4" in again.stderr
+    assert "up to date at version 5" in again.stderr
     ret = runner.invoke(app, ["db", "retention", "--days-ahead", "1"])
     assert ret.exit_code == 0, ret.output
     assert f'"{partition_name("members", datetime.now(UTC).date())}"' in ret.stdout
@@ -377,7 +383,7 @@ def test_cli_migrate_on_the_embedded_server(
     runner = CliRunner()
     first = runner.invoke(app, ["migrate"])
     assert first.exit_code == 0, first.output
-    assert "(embedded)" in first.stderr and "applied 0004_winner_rule" in first.stderr
+    assert "(embedded)" in first.stderr and "applied 0005_dependence" in first.stderr
     assert discover(state_dir) is None  # the server started for the command was stopped
     second = runner.invoke(app, ["migrate"])
-    assert "up to date at version 4" in second.stderr
+    assert "up to date at version 5" in second.stderr

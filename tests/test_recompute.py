@@ -74,8 +74,13 @@ from workers.maintenance import (
 )
 
 INF = ProfileSettings()
-BY_OBS = ProfileSettings(half_life=5.0, decay_unit=DecayUnit.OBSERVATIONS, latency_window=8)
-BY_TIME = ProfileSettings(half_life=30.0, decay_unit=DecayUnit.SECONDS, latency_window=8)
+# Small windows, so that merging and the SQL trim them.
+BY_OBS = ProfileSettings(
+    half_life=5.0, decay_unit=DecayUnit.OBSERVATIONS, latency_window=8, bandwidth_window=8
+)
+BY_TIME = ProfileSettings(
+    half_life=30.0, decay_unit=DecayUnit.SECONDS, latency_window=8, bandwidth_window=8
+)
 LIMITS = OutcomeLimits(profile_ttl_s=600.0, trace_maxlen=1_000_000, trace_ttl_s=600.0)
 
 
@@ -124,7 +129,7 @@ def link_obs(draw: st.DrawFn) -> LinkObservation:
     lost = draw(st.booleans())
     return LinkObservation(
         0.0, draw(st.floats(1, 1e6)), lost, draw(st.none() | st.floats(1e-4, 5)),
-        draw(st.none() | st.floats(0, 1)),
+        draw(st.none() | st.floats(0, 1)), lost or draw(st.booleans()),
     )  # fmt: skip
 
 
@@ -728,10 +733,17 @@ def test_the_worker_counts_what_the_recompute_reads_from_its_trace() -> None:
     )
     assert_same(store.candidates[cand.id], want)
     assert want.calls == 5 and want.successes == 2 and want.delivered == 4
-    # The worker folds the measured legs (both, of the first call only: the others
-    # measured none), never the single one its trace records.
-    link = reduce(lambda p, o: update_link(p, o, INF), legs, LinkProfile("local", cand.zone))
+    # The worker folds the measured legs of the first call (both); the others measured
+    # none, so their trace's own row, the one the recompute reads: a call that failed or
+    # was lost before its backend measured anything still counts once towards its link's
+    # loss rate (before, it did not count online at all, and online and recompute
+    # disagreed on the loss rate of the same calls).
+    read = [*legs, *(lo for t in traces[1:] for lo in observations(t)[1])]
+    link = reduce(lambda p, o: update_link(p, o, INF), read, LinkProfile("local", cand.zone))
     assert store.links == {link_id("local", cand.zone): link}
+    # Trials: the 2 legs, then the internal failure and the two lost calls (the cancelled
+    # member is no observation; the one whose key was taken traced no transmission).
+    assert (link.transmissions, link.losses) == (5.0, 3.0)
 
 
 def test_waiting_for_the_harvester_times_out_on_the_injected_clock(r: redis.Redis) -> None:

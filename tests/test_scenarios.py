@@ -18,7 +18,7 @@ from schemas.scenario import (
     Scenario,
     TraceLatency,
 )
-from sim.scenario import BUILTIN, builtin_path, load_builtin, load_scenario
+from sim.scenario import BUILTIN, PAPER, builtin_path, load_builtin, load_scenario
 
 ROLES = ["coder", "debugger", "filter", "planner"]
 
@@ -133,7 +133,7 @@ def test_overall_fixed_zone_baselines() -> None:
     }
 
 
-@pytest.mark.parametrize("name", [n for n in BUILTIN if n != "overall"])
+@pytest.mark.parametrize("name", [n for n in PAPER if n != "overall"])
 def test_degradations_inherit_the_pool_and_change_at_task_50(name: str) -> None:
     overall = load_builtin("overall")
     s = load_builtin(name)

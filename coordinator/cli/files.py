@@ -16,7 +16,7 @@ from sim.world import SimWorld
 
 @scenarios_app.command("list")
 def scenarios_list() -> None:
-    """The built-in scenarios (the paper's four settings)."""
+    """The built-in scenarios: the paper's four settings, then the correlated-failure ones."""
 
     for name in BUILTIN:
         out.print(f"{name}\t{builtin_path(name)}")
@@ -31,7 +31,8 @@ def scenarios_validate(path: Annotated[Path, typer.Argument(help="Scenario TOML"
     SimWorld(s)  # loads every model, so a missing or malformed trace file is reported too
     out.print(
         f"{s.name}: {len(s.candidates)} candidates in roles {s.roles}, zones {s.zones}, "
-        f"{len(s.links)} links, {len(s.changes)} timed changes, {s.workload.tasks} tasks"
+        f"{len(s.links)} links, {len(s.changes)} timed changes, {len(s.shocks)} shocks, "
+        f"{len(s.hardness)} hardness tiers, {s.workload.tasks} tasks"
     )
 
 

@@ -37,4 +37,16 @@ def plan(
             style = "bold green" if r.id in chosen else None
             t.add_row(r.id, *[f"{vals[c]:.4g}" for c in cols[1:]], style=style)
         show(t)
+        if decision.domains:
+            d = Table(
+                title=f"shared failure causes — P_succ {decision.p_success:.4f} against "
+                f"{decision.p_success_indep or 0.0:.4f} if independent; achievable "
+                f"{decision.achievable or 0.0:.4f}"
+                + ("; spread across domains" if decision.diversified else "")
+            )
+            for c in ("domain", "shock", "members"):
+                d.add_column(c)
+            for dom in decision.domains:
+                d.add_row(dom.name, f"{dom.shock:.4g}", ", ".join(dom.members))
+            show(d)
     print(json.dumps(decision.model_dump(mode="json"), indent=2))

@@ -7,6 +7,11 @@
   unexplored pool is ranked by quality and reliability alone;
 - RTT (counted in T only with ``PolicyParams.use_rtt``, real mode): the link's mean RTT,
   else the median of the pool's links with one, else 0.
+
+A link's bandwidth b and jitter j are the median and robust spread (1.4826 × MAD) of its
+recent bandwidth window (``LinkProfile.bandwidth_estimate``): a link that changes speed
+switches to its new bandwidth once half the window is new, and never reads as jittery
+enough to put b − κj on the ε_B floor because its history holds two regimes.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coordinator.core.cofailure import CoFailure, Member, dependence
 from coordinator.core.methods import PoolView
 from coordinator.core.params import ProfileSettings
 from coordinator.core.percentiles import median
@@ -41,6 +47,18 @@ def link_id(src_zone: str, dst_zone: str) -> str:
 class PoolMember:
     candidate_id: str
     zone: str
+    model: str = ""  # a failure domain of its own (coordinator.core.cofailure)
+
+
+def _bandwidth(
+    link: LinkProfile, seen: dict[tuple[str, str], tuple[float, float] | None]
+) -> tuple[float, float] | None:
+    """The link's (bandwidth, jitter), once per link per decision (the pool's members
+    share a few links; a median and MAD of the window each is the costly part)."""
+    key = (link.src, link.dst)
+    if key not in seen:
+        seen[key] = link.bandwidth_estimate
+    return seen[key]
 
 
 def build_arrays(
@@ -62,6 +80,7 @@ def build_arrays(
     bw: list[float | None] = [None] * n
     jit: list[float | None] = [None] * n
     rtt: list[float | None] = [None] * n
+    seen: dict[tuple[str, str], tuple[float, float] | None] = {}
     for i, member in enumerate(pool):
         prof = candidates.get(member.candidate_id)
         if prof is not None:
@@ -75,9 +94,9 @@ def build_arrays(
         link = links.get(link_id(caller_zone, member.zone))
         if link is not None:
             loss[i] = link.loss_rate
-            if link.bandwidth.n > 0:
-                bw[i] = link.bandwidth.mean
-                jit[i] = link.bandwidth.std
+            estimate = _bandwidth(link, seen)
+            if estimate is not None:
+                bw[i], jit[i] = estimate
             rtt[i] = link.rtt.mean
     known_t = [t for t in t_proc if t is not None]
     t_default = median(known_t, settings.cold_t_proc_s)
@@ -106,11 +125,16 @@ def build_view(
     links: Mapping[str, LinkProfile],
     request_bytes: float,
     settings: ProfileSettings,
+    cofailure: CoFailure | None = None,
 ) -> PoolView:
     """Everything a method may look at, from the profiles: the simulator and the live
     runtime both decide through this, so a decision replays from the same evidence."""
     stats = build_arrays(pool, caller_zone, candidates, links, request_bytes, settings)
     profs = [candidates.get(m.candidate_id) for m in pool]
+    dep = None
+    if cofailure is not None and cofailure.pairs:
+        members = [Member(m.candidate_id, m.zone, m.model) for m in pool]
+        dep = dependence(members, cofailure, settings)
     return PoolView(
         ids=[m.candidate_id for m in pool],
         zones=[m.zone for m in pool],
@@ -118,4 +142,5 @@ def build_view(
         calls=np.array([p.calls if p else 0.0 for p in profs]),
         success_rate=np.array([p.success_rate if p else 0.0 for p in profs]),
         mean_quality=np.array([(p.mean_quality or 0.0) if p else 0.0 for p in profs]),
+        dependence=dep,
     )

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from coordinator.core.cofailure import Dependence
 from coordinator.core.params import PolicyParams
 from coordinator.core.policy import Allocation, CandidateArrays, FloatArray, allocate
 from coordinator.errors import InputError
@@ -29,6 +30,7 @@ class PoolView:
     calls: FloatArray  # calls made to each candidate
     success_rate: FloatArray  # successes / calls (0 when never called)
     mean_quality: FloatArray  # mean judged quality of successes (0 when none)
+    dependence: Dependence | None = None  # failure domains from co-failure evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,8 @@ class Haco:
     name: str = "haco"
 
     def decide(self, view: PoolView, rng: np.random.Generator) -> Decision:
-        return _from_allocation(allocate(view.stats, self.params), self.params.winner_mode)
+        alloc = allocate(view.stats, self.params, view.dependence)
+        return _from_allocation(alloc, self.params.winner_mode)
 
 
 def _single(index: int) -> Decision:
@@ -112,6 +115,36 @@ class BestOne:
 
 
 @dataclass(frozen=True)
+class BestOnePaper:
+    """BestOne as the paper's results show it: after the same warm-up (every candidate
+    tried ``n_min`` times), the route with the best mean judged quality so far is fixed
+    for good, ε-greedy exploration aside. It keeps a route that was best beforehand
+    however it degrades later, which is what makes the paper's BestOne collapse
+    (+67 to +73 points of all-failed rate). :class:`BestOne`, whose record is quality ×
+    success rate, is the adaptive variant.
+
+    The fixed route is the one piece of state a method keeps (per pool, by its ids):
+    a fresh instance per run, as the runner builds them.
+    """
+
+    n_min: int = 2
+    p_exp: float = 0.1
+    name: str = "bestone-paper"
+    _fixed: dict[tuple[str, ...], int] = field(default_factory=dict, compare=False, repr=False)
+
+    def decide(self, view: PoolView, rng: np.random.Generator) -> Decision:
+        under = np.flatnonzero(view.calls < self.n_min)
+        if under.size:
+            return _single(int(under[np.argmin(view.calls[under])]))
+        if rng.random() < self.p_exp:
+            return _single(int(rng.integers(len(view.ids))))
+        key = tuple(view.ids)
+        if key not in self._fixed:
+            self._fixed[key] = int(np.argmax(view.mean_quality))
+        return _single(self._fixed[key])
+
+
+@dataclass(frozen=True)
 class MixtureOfAgents:
     """Best-of-N: the whole pool in parallel, the evaluator's highest score wins."""
 
@@ -140,6 +173,8 @@ class FirstCandidate:
 # list of their names; as methods of the simulator they are "haco" and "haco-<variant>".
 HACO_VARIANTS: dict[str, dict[str, object]] = {
     "haco": {},
+    # The paper's stopping rule, members taken as independent (issue 10's comparison).
+    "indep": {"use_dependence": False},
     "wo_env": {"use_env": False},
     "wo_ucb": {"lam": 0.0},
     "wo_lcb": {"use_lcb": False},
@@ -160,5 +195,6 @@ def haco_variant(params: PolicyParams, variant: str) -> Haco:
 BASELINES: dict[str, Callable[[], Method]] = {
     "random": RandomOne,
     "bestone": BestOne,
+    "bestone-paper": BestOnePaper,
     "moa": MixtureOfAgents,
 }

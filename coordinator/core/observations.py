@@ -20,11 +20,19 @@ The rule:
   delivered.
 - Quality and processing latency count only for a success.
 - The link: the transmissions the caller measured (``legs``, request and response, when
-  the worker or the simulator has them), else the one the trace records — bytes sent,
-  lost, transfer time bytes / bandwidth, path delay — when it records any
-  (:func:`records_link`). The trace store keeps that one row per member, so a link's
-  counts per call differ between the online profiles and a recompute (see
-  ``coordinator.tracestore.recompute``).
+  the worker or the simulator has them), else — no legs given, or none measured — the
+  one the trace records: bytes sent, lost, transfer time bytes / bandwidth, path delay,
+  when it records any (:func:`records_link`). The trace store keeps that one row per
+  member.
+- Loss: a link's loss rate is losses among the transmissions that *can be lost*
+  (``LinkObservation.can_be_lost``). A call is one exchange that is lost or not: the
+  trace's row is one such trial, so is a real backend's measured leg (workers.probe),
+  and of the simulator's legs the request is, the response only when the scenario makes
+  responses lossy too (``lossy_legs = "both"``). So for the same members the online
+  fold and a recompute count the same trials and losses — with ``lossy_legs = "both"``
+  excepted, where the simulated legs are two trials and the trace row one. Bandwidth and
+  RTT come from every delivered leg, so their counts per call still differ between
+  the online profiles and a recompute (see ``coordinator.tracestore.recompute``).
 """
 
 from __future__ import annotations
@@ -92,7 +100,10 @@ def observations(
 ) -> tuple[CandidateObservation | None, list[LinkObservation]]:
     """The candidate observation (None: not an observation) and the link observations of
     one member's trace. ``legs``: the transmissions the caller measured, when known
-    (they replace the one the trace records); None reads the trace alone."""
+    (they replace the one the trace records); None or empty reads the trace alone, so a
+    call whose backend measured nothing (a real call that failed or was lost, a call
+    without an RTT probe) still counts once towards its link's loss rate, as in a
+    recompute."""
     failure = trace.failure_kind
     if failure in NOT_OBSERVED:
         return None, []
@@ -106,4 +117,4 @@ def observations(
         tokens_in=trace.tokens_in,
         tokens_out=trace.tokens_out,
     )
-    return cand, _traced_link(trace) if legs is None else list(legs)
+    return cand, list(legs) if legs else _traced_link(trace)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +36,18 @@ class PolicyParams(BaseModel):
     # ``use_rtt = true`` in [defaults] or [roles.<role>].
     use_rtt: bool = False
     winner_mode: WinnerMode = WinnerMode.RANKED
+    # The dependence-aware stopping rule (coordinator.core.joint): with co-failure
+    # evidence, P_succ counts shared failure causes; with none it is the paper's rule.
+    use_dependence: bool = True
+    # Shock patterns are enumerated over at most this many domains of one set (2^k
+    # patterns); past it the weakest merge into one, which only overstates P(all fail).
+    max_enumerated_domains: Annotated[int, Field(ge=1, le=16)] = 10
+    # No set reaches τ: send the whole pool (the paper's behaviour when the pool falls
+    # short; never fewer members as co-failure grows) or "saturate": the shortest prefix
+    # within unreachable_slack of the achievable probability (cheaper; members added
+    # past it buy almost nothing against a shared cause).
+    unreachable_members: Literal["pool", "saturate"] = "pool"
+    unreachable_slack: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.005
 
 
 class DecayUnit(StrEnum):
@@ -53,7 +65,26 @@ class ProfileSettings(BaseModel):
     # How many recent latencies a profile keeps for percentiles: enough for a stable
     # p95 (about 13 samples above it) while staying small enough to ship in a snapshot.
     latency_window: Annotated[int, Field(ge=1, le=100_000)] = 256
+    # How many recent bandwidth observations a link profile keeps: the policy's bandwidth
+    # and jitter are their median and robust spread (1.4826 × MAD), not the mean and std
+    # of every observation ever made, so a link whose bandwidth steps (a faster route)
+    # switches to the new value once half the window is new instead of reading as wildly
+    # jittery (mean − κ·std < 0, the ε_B floor) for as long as the history dominates.
+    # 64: a link sees a few legs per call, so the switch takes some tens of calls, and a
+    # median/MAD of 64 values is cheap enough for every decision.
+    bandwidth_window: Annotated[int, Field(ge=1, le=100_000)] = 64
     # Cold-start processing latency when no candidate of the pool has data (spec §2 choice).
     cold_t_proc_s: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
     # Bytes per token, to turn expected output tokens into bytes to transmit.
     bytes_per_token: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 4.0
+    # Co-failure evidence (coordinator.core.cofailure): pseudo-groups of independence
+    # every domain's estimate starts from, so that a few unlucky groups do not make a
+    # domain look correlated; the paper's rule is the limit of no evidence.
+    cofail_prior: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 10.0
+    # ... and co-failure counts only beyond this many standard errors of what independent
+    # members show by chance (a one-sided ~2.3% false alarm per domain at 2), so an
+    # independent pool keeps the paper's rule and its cost.
+    cofail_z: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 2.0
+    # A pair seen together in this many (decayed) groups gets a domain of its own for
+    # the co-failure its shared zone/model/request do not explain.
+    cofail_pair_min_groups: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 50.0

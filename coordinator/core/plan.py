@@ -6,7 +6,12 @@ Input (JSON)::
      "exclude": ["optional ids to leave out, to ask what-if"],
      "candidates": [{"id": "...", "alpha": 3.0, "beta": 1.0, "f_int": 0.02,
                      "loss": 0.015, "t_proc_s": 0.8, "bytes": 4000,
-                     "bandwidth_Bps": 200000, "jitter_Bps": 20000}, ...]}
+                     "bandwidth_Bps": 200000, "jitter_Bps": 20000}, ...],
+     "domains": [{"name": "zone:eu", "members": ["a", "b"], "shock": 0.05}, ...]}
+
+``domains`` (optional): shared failure causes, as ``haco profiles`` shows them from
+co-failure evidence; with them P_succ is the dependence-aware figure
+(coordinator.core.joint) and the output also gives the paper's independent figure.
 
 Output: the members in rank order, the conservative P_succ, why selection stopped,
 and every candidate's μ, σ, ρ, T, C, D, U⁺, R⁻ and cumulative P_succ in rank order.
@@ -19,10 +24,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from coordinator.core.cofailure import Dependence, Domain
 from coordinator.core.params import PolicyParams
 from coordinator.core.policy import CandidateArrays, allocate
 from coordinator.errors import PlanInputError, describe_validation_error
-from schemas.models import HedgeDecision, RankedCandidate
+from schemas.models import FailureDomain, HedgeDecision, RankedCandidate
 
 NonNeg = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Pos = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
@@ -51,6 +57,7 @@ class PlanRequest(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     exclude: list[str] = Field(default_factory=list)
     candidates: list[PlanCandidate] = Field(min_length=1)
+    domains: list[FailureDomain] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _ids(self) -> PlanRequest:
@@ -59,6 +66,13 @@ class PlanRequest(BaseModel):
             if c.id in seen:
                 raise PlanInputError(f"duplicate candidate id {c.id!r}; expected unique ids")
             seen.add(c.id)
+        for d in self.domains:
+            unknown = [m for m in d.members if m not in seen]
+            if unknown:
+                raise PlanInputError(
+                    f"domain {d.name!r} names unknown candidate ids {unknown}; "
+                    f"expected ids of the candidates"
+                )
         for cid in self.exclude:
             if cid not in seen:
                 raise PlanInputError(
@@ -92,7 +106,14 @@ def plan(req: PlanRequest) -> HedgeDecision:
     stats = CandidateArrays.from_columns(
         **{f: [getattr(c, f) for c in pool] for f in PlanCandidate.model_fields if f != "id"}
     )
-    alloc = allocate(stats, params)
+    index = {c.id: i for i, c in enumerate(pool)}
+    dep = Dependence(
+        tuple(
+            Domain(d.name, tuple(index[m] for m in d.members if m in index), d.shock)
+            for d in req.domains
+        )
+    )
+    alloc = allocate(stats, params, dep)
     ranking = [
         RankedCandidate(
             id=pool[i].id,
@@ -113,4 +134,12 @@ def plan(req: PlanRequest) -> HedgeDecision:
         p_success=alloc.p_success,
         stop=alloc.stop,
         ranking=ranking,
+        p_success_indep=alloc.p_success_indep,
+        achievable=alloc.achievable,
+        domains=[
+            FailureDomain(name=d.name, members=[pool[i].id for i in d.members], shock=d.shock)
+            for d in (alloc.dependence.domains if alloc.dependence else ())
+            if d.members
+        ],
+        diversified=alloc.diversified,
     )

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from coordinator.core.cofailure import Dependence
+from coordinator.core.joint import select
 from coordinator.core.params import PolicyParams
 from coordinator.core.percentiles import median
 from coordinator.errors import PolicyError
@@ -134,17 +136,75 @@ class Allocation:
     D: FloatArray
     u_plus: FloatArray
     r_minus: FloatArray
+    # The dependence-aware rule's terms (None / equal to p_success: the paper's rule).
+    p_success_indep: float = 0.0  # the paper's 1 − Π(1 − R⁻) of the same members
+    achievable: float = 0.0  # the whole pool's P_succ: what no set can exceed
+    dependence: Dependence | None = None
+    diversified: bool = False  # members are not the U⁺ prefix of their size
 
     @property
     def members(self) -> IntArray:
         return self.order[: self.size]
 
 
-def allocate(stats: CandidateArrays, params: PolicyParams) -> Allocation:
+def allocate(
+    stats: CandidateArrays, params: PolicyParams, dependence: Dependence | None = None
+) -> Allocation:
     """Rank by U⁺ and take the shortest prefix whose conservative P_succ reaches τ.
 
+    ``dependence``: the pool's failure domains (coordinator.core.cofailure); with
+    ``params.use_dependence`` and a positive shock, P_succ counts shared failure causes
+    (coordinator.core.joint.select), otherwise it is the paper's independent product.
     The caller validates once at the boundary (:func:`validate`); this hot path does not.
     """
+    t = _terms(stats, params)
+    # Stable sort on -U⁺ keeps pool order among ties, so decisions are reproducible.
+    order = np.argsort(-t.u_plus, kind="stable")
+    p_cum: FloatArray = np.subtract(1.0, np.cumprod(1.0 - t.r_minus[order]), dtype=np.float64)
+    if params.use_dependence and dependence:
+        return _dependent(t, order, p_cum, dependence, params)
+    # p_cum is non-decreasing, so the first index reaching τ is a binary search.
+    first = int(np.searchsorted(p_cum, params.tau, side="left"))
+    if first < p_cum.shape[0]:
+        size = first + 1
+        stop = StopReason.TARGET_REACHED
+    else:
+        size = int(order.shape[0])
+        stop = StopReason.POOL_EXHAUSTED
+    p = float(p_cum[size - 1])
+    return Allocation(
+        order, size, p, stop, p_cum, t.mu, t.sigma, t.rho, t.T, t.C, t.D, t.u_plus,
+        t.r_minus, p_success_indep=p, achievable=float(p_cum[-1]),
+    )  # fmt: skip
+
+
+def _dependent(
+    t: _Terms, order: IntArray, p_cum: FloatArray, dep: Dependence, params: PolicyParams
+) -> Allocation:
+    sel = select(order, 1.0 - t.r_minus, t.u_plus, dep, params.tau, params)
+    members = sel.order[: sel.size]
+    p_indep = 1.0 - float(np.prod(1.0 - t.r_minus[members]))
+    return Allocation(
+        sel.order, sel.size, sel.p_success, sel.stop, sel.p_success_cum, t.mu, t.sigma,
+        t.rho, t.T, t.C, t.D, t.u_plus, t.r_minus, p_success_indep=p_indep,
+        achievable=sel.achievable, dependence=dep, diversified=sel.diversified,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    mu: FloatArray
+    sigma: FloatArray
+    rho: FloatArray
+    T: FloatArray
+    C: FloatArray
+    D: FloatArray
+    u_plus: FloatArray
+    r_minus: FloatArray
+
+
+def _terms(stats: CandidateArrays, params: PolicyParams) -> _Terms:
+    """Every per-candidate term of spec §2-§3: μ, σ, ρ, T, C, D, U⁺ and R⁻."""
     a, b = stats.alpha, stats.beta
     s = a + b
     mu = a / s
@@ -167,29 +227,4 @@ def allocate(stats: CandidateArrays, params: PolicyParams) -> Allocation:
     u_plus = np.minimum(1.0, mu + params.lam * sigma) * rho / D
     lower = mu - params.gamma * sigma if params.use_lcb else mu
     r_minus = np.minimum(params.r_cap, np.maximum(params.eps_r, lower) * rho)
-    # Stable sort on -U⁺ keeps pool order among ties, so decisions are reproducible.
-    order = np.argsort(-u_plus, kind="stable")
-    p_cum: FloatArray = np.subtract(1.0, np.cumprod(1.0 - r_minus[order]), dtype=np.float64)
-    # p_cum is non-decreasing, so the first index reaching τ is a binary search.
-    first = int(np.searchsorted(p_cum, params.tau, side="left"))
-    if first < p_cum.shape[0]:
-        size = first + 1
-        stop = StopReason.TARGET_REACHED
-    else:
-        size = int(order.shape[0])
-        stop = StopReason.POOL_EXHAUSTED
-    return Allocation(
-        order=order,
-        size=size,
-        p_success=float(p_cum[size - 1]),
-        stop=stop,
-        p_success_cum=p_cum,
-        mu=mu,
-        sigma=sigma,
-        rho=rho,
-        T_s=T,
-        C=C,
-        D=D,
-        u_plus=u_plus,
-        r_minus=r_minus,
-    )
+    return _Terms(mu, sigma, rho, T, C, D, u_plus, r_minus)

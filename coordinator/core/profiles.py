@@ -106,6 +106,15 @@ class LinkObservation:
     lost: bool
     t_transfer_s: float | None = None  # bytes / bandwidth, when delivered
     rtt_s: float | None = None
+    # Whether this transmission could have been lost, i.e. whether it counts towards the
+    # loss rate. A leg that cannot be lost (the simulator's response leg when only
+    # requests are lossy) still gives bandwidth and RTT, but counting it in the loss
+    # denominator would bias the rate down to about p / (2 − p).
+    can_be_lost: bool = True
+
+    def __post_init__(self) -> None:
+        if self.lost and not self.can_be_lost:
+            raise InputError("a lost transmission needs can_be_lost=True")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +156,51 @@ class LinkProfile:
     dst: str
     transmissions: float = 0.0
     losses: float = 0.0
-    bandwidth: Moments = Moments()  # observed bytes / transfer time, bytes/s
+    bandwidth: Moments = Moments()  # observed bytes / transfer time, bytes/s (display)
     rtt: Moments = Moments()
+    # The newest bandwidth observations (bytes/s, oldest first), at most
+    # ``ProfileSettings.bandwidth_window``: the policy's bandwidth and jitter come from
+    # them (:func:`robust_center_spread`), not from the never-forgetting moments above.
+    recent_bandwidth_Bps: tuple[float, ...] = ()
     observations: int = 0
     last_seen_s: float | None = None
 
     @property
     def loss_rate(self) -> float:
+        """Losses among the transmissions that could be lost (``can_be_lost``)."""
         return self.losses / self.transmissions if self.transmissions > 0 else 0.0
+
+    @property
+    def bandwidth_estimate(self) -> tuple[float, float] | None:
+        """(bandwidth, jitter) in bytes/s for the policy: the median and the robust spread
+        of the recent window; the moments' mean and std for a profile without a window
+        (stored before the window existed); None when no bandwidth was observed."""
+        if self.recent_bandwidth_Bps:
+            return robust_center_spread(self.recent_bandwidth_Bps)
+        mean = self.bandwidth.mean
+        return None if mean is None else (mean, self.bandwidth.std)
+
+
+MAD_TO_STD = 1.4826
+"""1 / Φ⁻¹(3/4): the median absolute deviation times this estimates σ of a normal."""
+
+
+def robust_center_spread(values: Sequence[float]) -> tuple[float, float]:
+    """(median, 1.4826 × median absolute deviation) of ``values`` (not empty).
+
+    Both medians are the *lower* median (an observed value, the ⌈n/2⌉-th smallest), not
+    the mean of the two middle ones: across a step change the window holds two regimes,
+    and averaging them when they are exactly half and half would give a centre between
+    them and a spread of half the step (κ = 2 times that puts an improved link on the
+    ε_B floor). With the lower median the estimate switches from the old value to the
+    new one, and the spread stays that of the majority regime."""
+    ordered = sorted(values)
+    mid = (len(ordered) - 1) // 2
+    center = ordered[mid]
+    # |x − centre| without abs: two ascending runs, which the sort merges in one pass.
+    below = [center - x for x in reversed(ordered[: mid + 1])]
+    deviations = sorted(below + [x - center for x in ordered[mid + 1 :]])
+    return center, MAD_TO_STD * deviations[mid]
 
 
 def decay_weight(settings: ProfileSettings, last_seen_s: float | None, now_s: float) -> float:
@@ -240,25 +286,32 @@ def apply_quality(
 def update_link(
     profile: LinkProfile, obs: LinkObservation, settings: ProfileSettings
 ) -> LinkProfile:
-    """Fold one transmission into a link profile. Lost transmissions count towards the
-    loss rate only; delivered ones also give a bandwidth observation bytes / transfer time.
+    """Fold one transmission into a link profile. A transmission that could be lost
+    (``can_be_lost``) counts towards the loss rate, lost or not; a delivered one gives a
+    bandwidth observation bytes / transfer time (into the moments and the recent window)
+    whether it could have been lost or not.
 
     The path delay is kept apart (``rtt``) on purpose: bytes / (transfer + path delay)
     depends on the message size, so messages of different sizes would read as bandwidth
     jitter and the κ-penalty of Eq. 7 would swamp every other term."""
     w = decay_weight(settings, profile.last_seen_s, obs.at_s)
     bandwidth = profile.bandwidth.scaled(w)
+    recent = profile.recent_bandwidth_Bps
     if not obs.lost and obs.t_transfer_s is not None and obs.t_transfer_s > 0:
-        bandwidth = profile.bandwidth.add(obs.bytes / obs.t_transfer_s, w)
+        bps = obs.bytes / obs.t_transfer_s
+        bandwidth = profile.bandwidth.add(bps, w)
+        recent = (*recent, bps)[-settings.bandwidth_window :]
     rtt = profile.rtt.scaled(w)
     if obs.rtt_s is not None and not obs.lost:
         rtt = profile.rtt.add(obs.rtt_s, w)
+    lossy = 1.0 if obs.can_be_lost else 0.0
     return replace(
         profile,
-        transmissions=profile.transmissions * w + 1.0,
+        transmissions=profile.transmissions * w + lossy,
         losses=profile.losses * w + (1.0 if obs.lost else 0.0),
         bandwidth=bandwidth,
         rtt=rtt,
+        recent_bandwidth_Bps=recent,
         observations=profile.observations + 1,
         last_seen_s=obs.at_s,
     )
@@ -336,18 +389,21 @@ def merge_candidate(
 def merge_link(
     base: LinkProfile | None, delta: LinkProfile | None, settings: ProfileSettings
 ) -> LinkProfile | None:
-    """:func:`merge_candidate` for link profiles."""
+    """:func:`merge_candidate` for link profiles; the recent-bandwidth windows concatenate
+    (base first) and are trimmed to ``bandwidth_window``."""
     if delta is None or delta.observations == 0:
         return base
     if base is None:
         return delta
     w = _merge_weight(settings, base.last_seen_s, delta.observations, delta.last_seen_s)
+    recent = (*base.recent_bandwidth_Bps, *delta.recent_bandwidth_Bps)
     return replace(
         base,
         transmissions=base.transmissions * w + delta.transmissions,
         losses=base.losses * w + delta.losses,
         bandwidth=_join(base.bandwidth.scaled(w), delta.bandwidth),
         rtt=_join(base.rtt.scaled(w), delta.rtt),
+        recent_bandwidth_Bps=recent[-settings.bandwidth_window :],
         observations=base.observations + delta.observations,
         last_seen_s=delta.last_seen_s,
     )

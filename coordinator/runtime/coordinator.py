@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from coordinator.config import HacoSettings
+from coordinator.core.cofailure import CoFailure
 from coordinator.core.evidence import PoolMember, build_view, link_id, payload_bytes
 from coordinator.core.methods import Haco, PoolView
 from coordinator.core.params import PolicyParams, ProfileSettings
@@ -87,6 +88,10 @@ class Coordinator:
         # Liveness (issue 8): queue waits behind the start timeout, lost members' records.
         self.waits = QueueWaits(settings.start_wait_window)
         self.lost = LostRecorder(store, settings, self.profile_settings, clock)
+        # Co-failure evidence (issue 10): with the recompute's snapshot, looked for at most
+        # every cofailure_refresh_s.
+        self._cofailure: CoFailure | None = None
+        self._cofailure_at = -math.inf
 
     # -- deciding ---------------------------------------------------------------------
     def view(self, role: str, request_bytes: float) -> tuple[list[Candidate], PoolView]:
@@ -99,9 +104,20 @@ class Coordinator:
         caller = self.pool.config.caller_zone
         lids = sorted({link_id(caller, c.zone) for c in cands})
         profiles, links = self.store.load_profiles([c.id for c in cands], lids)
-        members = [PoolMember(c.id, c.zone) for c in cands]
-        view = build_view(members, caller, profiles, links, request_bytes, self.profile_settings)
+        members = [PoolMember(c.id, c.zone, c.model) for c in cands]
+        view = build_view(
+            members, caller, profiles, links, request_bytes, self.profile_settings,
+            self.cofailure(),
+        )  # fmt: skip
         return cands, view
+
+    def cofailure(self) -> CoFailure | None:
+        """The co-failure evidence the policy counts (the latest snapshot's)."""
+        now = self.clock()
+        if now - self._cofailure_at >= self.settings.cofailure_refresh_s:
+            self._cofailure = self.store.load_cofailure()
+            self._cofailure_at = now
+        return self._cofailure
 
     def _plan(self, inv: RoleInvocation, group_id: str | None = None) -> Group:
         call = self.pool.call_settings(inv, self.settings, self.params)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from coordinator.core.cofailure import CoFailure
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -47,6 +48,7 @@ class RuntimeStore(Protocol):
     def load_profiles(
         self, candidate_ids: Sequence[str], link_ids: Sequence[str]
     ) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]: ...
+    def load_cofailure(self) -> CoFailure | None: ...
     def update_candidate(
         self, candidate_id: str, obs: CandidateObservation, settings: ProfileSettings, ttl_s: float
     ) -> None: ...

@@ -45,4 +45,7 @@ def decode_candidate(text: str | bytes) -> CandidateProfile:
 
 
 def decode_link(text: str | bytes) -> LinkProfile:
-    return LinkProfile(**_moments(json.loads(text), _LINK_MOMENTS))
+    raw = _moments(json.loads(text), _LINK_MOMENTS)
+    # A value written before the window existed has none (the moments stand in).
+    raw["recent_bandwidth_Bps"] = tuple(raw.get("recent_bandwidth_Bps", ()))
+    return LinkProfile(**raw)

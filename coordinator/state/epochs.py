@@ -34,6 +34,8 @@ from typing import Any
 
 import redis
 
+from coordinator.core import cofailure
+from coordinator.core.cofailure import CoFailure
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import CandidateProfile, LinkProfile, merge_candidate, merge_link
 from coordinator.state import keys
@@ -84,6 +86,7 @@ class Snapshot:
     candidates: Mapping[str, CandidateProfile]
     links: Mapping[str, LinkProfile]
     meta: dict[str, Any] = field(default_factory=dict)
+    cofailure: CoFailure | None = None  # co-failure evidence of the same cut
 
 
 def write_delta(r: redis.Redis, w: DeltaWrite, ttl_s: float) -> None:
@@ -220,6 +223,8 @@ def publish(r: redis.Redis, snap: Snapshot, ttl_s: float) -> bool:
     }
     mapping.update({f"c:{c}": encode(p) for c, p in snap.candidates.items()})
     mapping.update({f"l:{lk}": encode(p) for lk, p in snap.links.items()})
+    if snap.cofailure is not None:
+        mapping[COFAILURE_FIELD] = cofailure.encode(snap.cofailure)
     stale = outdated_deltas(r, snap.seal.epoch)
     adopted = True
 
@@ -242,3 +247,20 @@ def publish(r: redis.Redis, snap: Snapshot, ttl_s: float) -> bool:
 
     r.transaction(txn, keys.PROFILE_SNAPSHOT, keys.PROFILE_SEAL)
     return adopted
+
+
+COFAILURE_FIELD = "cofailure"  # the snapshot hash's field holding the co-failure JSON
+
+
+def read_cofailure(r: redis.Redis) -> tuple[str | None, CoFailure | None]:
+    """The adopted snapshot's version and co-failure evidence (None: none adopted, or a
+    snapshot without co-failure evidence)."""
+    version, raw = r.hmget(keys.PROFILE_SNAPSHOT, ["version", COFAILURE_FIELD])
+    ver = version.decode() if isinstance(version, bytes) else version
+    return ver, None if raw is None else cofailure.decode(raw)
+
+
+def cofailure_version(r: redis.Redis) -> str | None:
+    """The adopted snapshot's version alone (one cheap HGET, to know when to re-read)."""
+    v = r.hget(keys.PROFILE_SNAPSHOT, "version")
+    return v.decode() if isinstance(v, bytes) else v

@@ -158,7 +158,8 @@ PROFILE_SNAPSHOT = f"{PREFIX}:prof:snapshot"
 """Hash: the adopted snapshot. Fields ``version`` (profile_snapshots.version), ``epoch``
 (it covers every delta of epochs <= this), ``watermark`` (the last trace-stream id it
 covers), ``meta`` (JSON: created_at, half_life, window_s, counts), ``c:<candidate id>`` and
-``l:<link id>`` (JSON profiles). Replaced as a whole in one MULTI, so readers see the old
+``l:<link id>`` (JSON profiles), ``cofailure`` (JSON co-failure evidence of the same cut,
+coordinator.core.cofailure.encode). Replaced as a whole in one MULTI, so readers see the old
 snapshot or the new one, never a mix. TTL: profile_ttl_s, refreshed by every recompute."""
 
 PROFILE_SEAL = f"{PREFIX}:prof:seal"

@@ -9,6 +9,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 
+from coordinator.core.cofailure import CoFailure
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -42,6 +43,7 @@ class MemoryStore:
         self.idem: dict[str, str] = {}
         self.candidates: dict[str, CandidateProfile] = {}
         self.links: dict[str, LinkProfile] = {}
+        self.cofailure: CoFailure | None = None
         self.traces: list[str] = []
         self.verdicts: list[str] = []
         self.counters: dict[str, int] = {}
@@ -160,6 +162,16 @@ class MemoryStore:
     def judged_scores(self, group_id: str) -> dict[str, float | None]:
         with self._lock:
             return dict(self.judged.get(group_id, {}))
+
+    def load_cofailure(self) -> CoFailure | None:
+        """The co-failure evidence the in-process recompute stand-in set
+        (:meth:`set_cofailure`); the Redis store's comes with the recompute's snapshot."""
+        with self._lock:
+            return self.cofailure
+
+    def set_cofailure(self, evidence: CoFailure | None) -> None:
+        with self._lock:
+            self.cofailure = evidence
 
     def load_profiles(
         self, candidate_ids: Sequence[str], link_ids: Sequence[str]

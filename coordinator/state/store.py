@@ -26,6 +26,7 @@ from typing import TypeVar
 import redis
 from redis.typing import EncodableT, FieldT
 
+from coordinator.core.cofailure import CoFailure
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -39,7 +40,14 @@ from coordinator.core.profiles import (
 from coordinator.errors import StoreError
 from coordinator.state import keys
 from coordinator.state.codec import text
-from coordinator.state.epochs import DeltaWrite, ProfileView, read_view, write_delta
+from coordinator.state.epochs import (
+    DeltaWrite,
+    ProfileView,
+    cofailure_version,
+    read_cofailure,
+    read_view,
+    write_delta,
+)
 from coordinator.state.lua import lua
 from coordinator.state.outcomes import RedisOutcomes
 from schemas.enums import GroupSignal
@@ -130,6 +138,7 @@ class RedisStore(RedisOutcomes):
         # WATCH fail and retry; queueing them on a per-key lock in the process costs less.
         self._key_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
+        self._cofailure: tuple[str | None, CoFailure | None] = (None, None)
 
     def _key_lock(self, write: DeltaWrite) -> threading.Lock:
         name = write.candidate[0] if write.candidate else write.link[0] if write.link else ""
@@ -276,6 +285,20 @@ class RedisStore(RedisOutcomes):
             "load profiles",
             lambda: read_view(self.r, candidate_ids, link_ids, self.profile_settings),
         )
+
+    def load_cofailure(self) -> CoFailure | None:
+        """The adopted snapshot's co-failure evidence (coordinator.core.cofailure); read
+        again only when the snapshot's version changed."""
+
+        def read() -> CoFailure | None:
+            version = cofailure_version(self.r)
+            if version is None:
+                self._cofailure = (None, None)
+            elif version != self._cofailure[0]:
+                self._cofailure = read_cofailure(self.r)
+            return self._cofailure[1]
+
+        return self._guard("load co-failure evidence", read)
 
     def load_profiles(
         self, candidate_ids: Sequence[str], link_ids: Sequence[str]

@@ -19,7 +19,15 @@ with fragments built from that module's constants (:data:`OBSERVED`, :data:`OK`,
   ``SLACK`` traces of its candidate after it finished.
 - Link profiles are read from the members' link columns — the very values the harvester
   copies into ``link_observations``, one row per member (leg 0) — so the watermark
-  applies without joining the two tables (a 1M × 1M join alone takes ~2 s).
+  applies without joining the two tables (a 1M × 1M join alone takes ~2 s). Each row is
+  one trial for the loss rate (a call is lost or not: ``LinkObservation.can_be_lost``).
+- The recent-bandwidth window of each link (``LinkProfile.recent_bandwidth_Bps``) comes
+  from its newest rows by observation time (an index scan of
+  ``link_observations_link_observed``, each row joined to its member by primary key for
+  the watermark and the stream order), ordered by stream id, like the latency window:
+  exactly the fold's unless a trace reached the stream more than ``LINK_SLACK`` traces
+  of its link after it finished (and then a few of the newest values differ, which
+  moves a median little).
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ from coordinator.core.profiles import (
 from schemas.enums import FailureKind
 
 SLACK = 64  # newest rows by finish time scanned beyond the latency window
+# ... and beyond a link's bandwidth window: a link carries the traces of all the
+# candidates of its zone, so its rows arrive out of order by more of them.
+LINK_SLACK = 256
 Conn = psycopg.Connection[Any]
 
 
@@ -176,6 +187,31 @@ CROSS JOIN LATERAL (
 """
 
 
+# Per link, its newest delivered bandwidth observations by observation time (index scan of
+# link_observations, joined to members by primary key): the recent-bandwidth window, the
+# same value and condition as ``bw`` in _ROWS (observations: bytes / (bytes / bandwidth)).
+_NEWEST_BW = f"""
+SELECT l.src, l.dst, kept.bws
+FROM unnest(%(srcs)s::text[], %(dsts)s::text[]) AS l(src, dst)
+CROSS JOIN LATERAL (
+    SELECT array_agg(bw ORDER BY ms, seq) AS bws FROM (
+        SELECT * FROM (
+            SELECT m.bytes_sent / (m.bytes_sent / m.bandwidth_bps) AS bw,
+                split_part(m.stream_id, '-', 1)::bigint AS ms,
+                split_part(m.stream_id, '-', 2)::bigint AS seq
+            FROM link_observations lo
+            JOIN members m ON m.member_id = lo.member_id AND m.finished_at = lo.observed_at
+            WHERE lo.link_id = l.src || '->' || l.dst AND lo.leg = 0
+                AND lo.observed_at >= %(since)s AND m.caller_zone = l.src AND m.zone = l.dst
+                AND {_FILTER}
+                AND NOT m.lost AND m.bandwidth_bps > 0 AND m.bytes_sent > 0
+            ORDER BY lo.observed_at DESC LIMIT %(bw_scan)s
+        ) newest ORDER BY ms DESC, seq DESC LIMIT %(bandwidth_window)s
+    ) kept
+) kept
+"""
+
+
 def _m(values: Sequence[Any]) -> Moments:
     n, s1, s2 = (float(v or 0.0) for v in values)
     return Moments(n, s1, s2)
@@ -199,10 +235,12 @@ def _candidate(
     )  # fmt: skip
 
 
-def _link(src: str, dst: str, v: list[float], n: int, last: float | None) -> LinkProfile:
+def _link(
+    src: str, dst: str, v: list[float], n: int, recent: tuple[float, ...], last: float | None
+) -> LinkProfile:
     return LinkProfile(
         src=src, dst=dst, transmissions=v[0], losses=v[1], bandwidth=_m(v[2:5]),
-        rtt=_m(v[5:8]), observations=n, last_seen_s=last,
+        rtt=_m(v[5:8]), recent_bandwidth_Bps=recent, observations=n, last_seen_s=last,
     )  # fmt: skip
 
 
@@ -260,6 +298,8 @@ def aggregate(
         "since": since, "sealed_at": sealed_at, "w_ms": w_ms, "w_seq": w_seq,
         "latency_window": settings.latency_window,
         "scan": settings.latency_window + SLACK,
+        "bandwidth_window": settings.bandwidth_window,
+        "bw_scan": settings.bandwidth_window + LINK_SLACK,
     }  # fmt: skip
     sums = _Sums()
     with conn.transaction():
@@ -271,13 +311,17 @@ def aggregate(
                 sums.add(kind, row)
         params["pids"] = sorted(sums.cand)
         newest = conn.execute(_NEWEST.encode(), params).fetchall() if sums.cand else []
-    return _profiles(sums, newest)
+        links = sorted(sums.link)
+        params["srcs"], params["dsts"] = [s for s, _ in links], [d for _, d in links]
+        newest_bw = conn.execute(_NEWEST_BW.encode(), params).fetchall() if links else []
+    return _profiles(sums, newest, newest_bw)
 
 
 def _profiles(
-    sums: _Sums, newest: list[tuple[Any, ...]]
+    sums: _Sums, newest: list[tuple[Any, ...]], newest_bw: list[tuple[Any, ...]]
 ) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]:
     recent = {row[0]: tuple(float(x) for x in row[1] or ()) for row in newest}
+    recent_bw = {(row[0], row[1]): tuple(float(x) for x in row[2] or ()) for row in newest_bw}
     last_c = _last(newest, lambda row: row[0])
     last_l = _last(newest, lambda row: (row[2], row[3]) if row[4] else None)
     cands = {
@@ -287,7 +331,7 @@ def _profiles(
     }  # fmt: skip
     links = {
         f"{src}->{dst}": _link(src, dst, v, sums.link_n[(src, dst)],
-                               last_l.get((src, dst)))
+                               recent_bw.get((src, dst), ()), last_l.get((src, dst)))
         for (src, dst), v in sums.link.items()
     }  # fmt: skip
     return cands, links

@@ -18,6 +18,8 @@ One recompute (:func:`recompute`), serialised by a Postgres advisory lock:
    within ``recompute_window_s``, in stream order with the decay of
    :class:`ProfileSettings`: the profile that folding the same observations
    (:func:`coordinator.core.observations.observations`) gives.
+   The co-failure evidence of the same cut (coordinator.tracestore.cofailuresql) comes
+   with it.
 4. **Publish**: insert into ``profile_snapshots`` (``version`` is its bigserial), then in
    one Redis ``MULTI`` replace the snapshot (epoch ``e``, watermark ``W``) and delete the
    deltas of epochs ``<= e`` (:func:`coordinator.state.epochs.publish`). Readers merge the
@@ -34,8 +36,10 @@ as delivered.
 Known limits, by design of the data, not of the split: a trace dead-lettered or trimmed
 from the stream before it was stored is in the online deltas until the recompute and not
 in the snapshot after it; link profiles online fold every leg of a call (request and
-response) while the trace store keeps one link row per member, so a link's counts per
-call differ before and after adoption; a late judgement (workers.judge) is in the
+response) while the trace store keeps one link row per member, so a link's bandwidth
+and RTT counts per call differ before and after adoption (its loss rate does not: a call
+is one trial either way, ``LinkObservation.can_be_lost``, except for a simulated
+scenario with ``lossy_legs = "both"``); a late judgement (workers.judge) is in the
 snapshot when its ``judged_at`` is not after the seal, which can count twice a judgement
 in flight at the very instant of the seal (between its Postgres commit and Redis write);
 a member the coordinator records as timed out because it never reported
@@ -56,10 +60,13 @@ import psycopg
 import redis
 
 from coordinator.config import HacoSettings
+from coordinator.core import cofailure
+from coordinator.core.cofailure import CoFailure
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import CandidateProfile, LinkProfile
 from coordinator.errors import DatabaseError, StoreError
 from coordinator.state import epochs, keys
+from coordinator.tracestore.cofailuresql import aggregate_cofailure
 from coordinator.tracestore.db import connect, require_autocommit
 from coordinator.tracestore.profilesql import aggregate
 
@@ -112,14 +119,22 @@ def wait_harvested(
 
 def _insert(
     conn: Conn, seal: epochs.Seal, snap: tuple[dict[str, CandidateProfile], dict[str, LinkProfile]],
-    settings: HacoSettings, profile: ProfileSettings,
+    settings: HacoSettings, profile: ProfileSettings, cofail: CoFailure,
 ) -> tuple[int, datetime]:  # fmt: skip
     cands = json.dumps({c: asdict(p) for c, p in snap[0].items()})
     links = json.dumps({lk: asdict(p) for lk, p in snap[1].items()})
     row = conn.execute(
-        "INSERT INTO profile_snapshots (watermark, half_life, window_s, candidates, links) "
-        "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb) RETURNING version, created_at",
-        (seal.watermark, profile.half_life, settings.recompute_window_s, cands, links),
+        "INSERT INTO profile_snapshots (watermark, half_life, window_s, candidates, links, "
+        "cofailure) VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb) "
+        "RETURNING version, created_at",
+        (
+            seal.watermark,
+            profile.half_life,
+            settings.recompute_window_s,
+            cands,
+            links,
+            cofailure.encode(cofail),
+        ),
     ).fetchone()
     assert row is not None
     return int(row[0]), row[1]
@@ -161,15 +176,17 @@ def _locked(
     sealed_at = datetime.fromtimestamp(seal.sealed_ms / 1000, UTC)
     since = datetime.fromtimestamp(seal.sealed_ms / 1000 - settings.recompute_window_s, UTC)
     snap = aggregate(conn, seal.watermark, since, sealed_at, profile)
-    version, created = _insert(conn, seal, snap, settings, profile)
+    cofail = aggregate_cofailure(conn, seal.watermark, since, sealed_at, profile)
+    version, created = _insert(conn, seal, snap, settings, profile, cofail)
     t3 = time.perf_counter()
     meta = {
         "created_at": created.isoformat(), "half_life": str(profile.half_life),
         "decay_unit": profile.decay_unit.value, "window_s": settings.recompute_window_s,
         "candidates": len(snap[0]), "links": len(snap[1]), "sealed_ms": seal.sealed_ms,
+        "cofailure_pairs": len(cofail.pairs),
     }  # fmt: skip
     adopted = epochs.publish(
-        r, epochs.Snapshot(version, seal, snap[0], snap[1], meta), settings.profile_ttl_s
+        r, epochs.Snapshot(version, seal, snap[0], snap[1], meta, cofail), settings.profile_ttl_s
     )
     t4 = time.perf_counter()
     return RecomputeResult(

@@ -109,7 +109,7 @@ class SimBackend:
             self._wait(min(left, self.poll_s))
 
     def _result(self, task: MemberTask, draw: CallDraw) -> BackendResult:
-        links = link_observations(draw, time.time())
+        links = link_observations(draw, time.time(), self.world.scenario.network)
         delivered = not draw.request.lost
         rtt = draw.request.t_path_s if delivered else None
         bw = draw.request.bytes / draw.request.t_tx_s if delivered and draw.request.t_tx_s else None

@@ -1,0 +1,349 @@
+"""Co-failure evidence (issue 10): how often hedge members fail *together*.
+
+A hedge group runs several members on the same request, so its traces hold joint
+outcomes. Each observed member gets a failure score φ: 1 for a failed call (a timeout
+included), ``1 − q`` for a success judged ``q`` (quality is the probability that the
+output is a qualified answer, so ``1 − q`` is the chance it is not), 0 for a success not
+judged yet. For every pair of members of one group we keep decayed sums
+
+    n (groups), Σφ_a, Σφ_b, Σφ_aφ_b
+
+per candidate pair. ``Σφ_aφ_b − Σφ_a Σφ_b / n`` is n times the pair's sample covariance
+over the groups in which both ran: zero in expectation when they fail independently.
+
+Estimation, a common-cause ("shock") model as in reliability engineering's beta-factor
+models: a *failure domain* d (the request itself, a zone, a model, a zone × model site,
+a pair with rich evidence) is hit with probability ``c_d`` per request and then fails
+every member in it; members otherwise fail independently. For two members sharing
+domains with combined shock ``c`` and marginal success S_a, S_b:
+
+    P(both fail) − F_a F_b = S_a S_b · c / (1 − c)
+
+so ``c / (1 − c)`` is the pooled ratio of covariance to ``S_a S_b``. Pairs sharing
+nothing but the request estimate ``c_request``; pairs sharing a zone (not the model)
+estimate the zone's shock on top of the request's, and so on. Two guards keep noise
+from passing for dependence: the excess counts only beyond ``cofail_z`` standard errors
+of what independent members would show, and a prior of ``cofail_prior`` pseudo-groups
+with no excess shrinks every ratio towards independence when evidence is thin.
+Negative dependence is never assumed (it is clipped to 0): with no evidence, or
+evidence of independence, the stopping rule is exactly the paper's.
+
+Pure: no I/O, no randomness; the simulator folds groups online and the trace store's
+recompute folds the same groups from Postgres (coordinator.tracestore.cofailuresql).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.profiles import decay_weight
+from coordinator.errors import InputError
+
+PairKey = tuple[str, str]
+
+
+def failure_score(success: bool, quality: float | None) -> float:
+    """φ of one observed member: 1 failed, ``1 − q`` judged success, 0 unjudged success."""
+    if not success:
+        return 1.0
+    if quality is None:
+        return 0.0
+    if not 0.0 <= quality <= 1.0:
+        raise InputError(f"quality={quality!r}; expected a judged score in [0, 1]")
+    return 1.0 - quality
+
+
+@dataclass(frozen=True, slots=True)
+class PairStats:
+    """Decayed joint-outcome sums of one candidate pair (a < b by id)."""
+
+    n: float = 0.0
+    s_a: float = 0.0
+    s_b: float = 0.0
+    s_ab: float = 0.0
+    observations: int = 0
+    last_seen_s: float | None = None
+
+    def add(self, phi_a: float, phi_b: float, w: float, at_s: float) -> PairStats:
+        return PairStats(
+            self.n * w + 1.0,
+            self.s_a * w + phi_a,
+            self.s_b * w + phi_b,
+            self.s_ab * w + phi_a * phi_b,
+            self.observations + 1,
+            at_s,
+        )
+
+    @property
+    def excess(self) -> float:
+        """Σφ_aφ_b − Σφ_aΣφ_b/n: observed joint failure beyond independence."""
+        return self.s_ab - self.s_a * self.s_b / self.n if self.n > 0 else 0.0
+
+    @property
+    def success_weight(self) -> float:
+        """(n − Σφ_a)(n − Σφ_b)/n: the S_a·S_b scale the excess is measured against."""
+        return (self.n - self.s_a) * (self.n - self.s_b) / self.n if self.n > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CoFailure:
+    """Co-failure evidence of every candidate pair seen together in a group."""
+
+    pairs: Mapping[PairKey, PairStats] = field(default_factory=dict)
+
+    def pair(self, a: str, b: str) -> PairStats | None:
+        return self.pairs.get(pair_key(a, b))
+
+
+def pair_key(a: str, b: str) -> PairKey:
+    return (a, b) if a <= b else (b, a)
+
+
+def fold_group(
+    evidence: CoFailure,
+    outcomes: Sequence[tuple[str, float]],
+    at_s: float,
+    settings: ProfileSettings,
+) -> CoFailure:
+    """Fold one group's observed members ``(candidate_id, φ)``; a group with fewer than
+    two distinct candidates tells nothing about co-failure and is ignored."""
+    return fold_groups(evidence, [(outcomes, at_s)], settings)
+
+
+def fold_groups(
+    evidence: CoFailure,
+    groups: Iterable[tuple[Sequence[tuple[str, float]], float]],
+    settings: ProfileSettings,
+) -> CoFailure:
+    """Fold many groups ``(outcomes, at_s)`` in order (one copy of the pairs in all)."""
+    pairs = dict(evidence.pairs)
+    for outcomes, at_s in groups:
+        by_id: dict[str, float] = {}
+        for cid, phi in outcomes:
+            if not 0.0 <= phi <= 1.0:
+                raise InputError(f"failure score {phi!r} of {cid!r}; expected a number in [0, 1]")
+            by_id[cid] = phi  # a candidate twice in one group (a retry) counts once
+        ids = sorted(by_id)
+        for i, a in enumerate(ids):
+            for b in ids[i + 1 :]:
+                old = pairs.get((a, b)) or PairStats()
+                w = decay_weight(settings, old.last_seen_s, at_s)
+                pairs[(a, b)] = old.add(by_id[a], by_id[b], w, at_s)
+    return CoFailure(pairs)
+
+
+def encode(evidence: CoFailure) -> str:
+    """JSON: a list of ``[a, b, n, Σφ_a, Σφ_b, Σφ_aφ_b, observations, last_seen_s]``."""
+    rows = [
+        [a, b, p.n, p.s_a, p.s_b, p.s_ab, p.observations, p.last_seen_s]
+        for (a, b), p in sorted(evidence.pairs.items())
+    ]
+    return json.dumps(rows, separators=(",", ":"))
+
+
+def decode(text: str | bytes) -> CoFailure:
+    """The inverse of :func:`encode`; InputError naming what is wrong."""
+    try:
+        rows = json.loads(text)
+        pairs = {
+            pair_key(str(a), str(b)): PairStats(
+                float(n), float(sa), float(sb), float(sab), int(obs),
+                None if last is None else float(last),
+            )
+            for a, b, n, sa, sb, sab, obs, last in rows
+        }  # fmt: skip
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"co-failure evidence is not the encoded form: {exc}") from exc
+    return CoFailure(pairs)
+
+
+def merge(base: CoFailure, delta: CoFailure, settings: ProfileSettings) -> CoFailure:
+    """``base`` followed by ``delta`` (folded from empty over later groups), pairwise as
+    the candidate profiles merge (coordinator.core.profiles)."""
+    pairs = dict(base.pairs)
+    for key, d in delta.pairs.items():
+        b = pairs.get(key)
+        if b is None:
+            pairs[key] = d
+            continue
+        w = _merge_weight(settings, b, d)
+        pairs[key] = PairStats(
+            b.n * w + d.n,
+            b.s_a * w + d.s_a,
+            b.s_b * w + d.s_b,
+            b.s_ab * w + d.s_ab,
+            b.observations + d.observations,
+            d.last_seen_s if d.last_seen_s is not None else b.last_seen_s,
+        )
+    return CoFailure(pairs)
+
+
+def _merge_weight(settings: ProfileSettings, base: PairStats, delta: PairStats) -> float:
+    """How much the base's sums decay while the delta's groups were folded."""
+    if math.isinf(settings.half_life) or base.last_seen_s is None:
+        return 1.0
+    if settings.decay_unit is DecayUnit.OBSERVATIONS:
+        return float(0.5 ** (delta.observations / settings.half_life))
+    last = delta.last_seen_s if delta.last_seen_s is not None else base.last_seen_s
+    return float(0.5 ** (max(0.0, last - base.last_seen_s) / settings.half_life))
+
+
+# -- from evidence to the domains of a pool ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Domain:
+    """A failure domain of a pool: a name, its members (pool indices), its shock c."""
+
+    name: str
+    members: tuple[int, ...]
+    shock: float
+
+
+@dataclass(frozen=True, slots=True)
+class Dependence:
+    """The dependence terms of one pool, in pool order; the allocation rule's input."""
+
+    domains: tuple[Domain, ...]
+
+    def __bool__(self) -> bool:
+        return any(d.shock > 0.0 for d in self.domains)
+
+    def membership(self, n: int) -> np.ndarray:
+        m = np.zeros((len(self.domains), n), dtype=bool)
+        for k, d in enumerate(self.domains):
+            m[k, list(d.members)] = True
+        return m
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    candidate_id: str
+    zone: str
+    model: str
+
+
+@dataclass
+class _Pool:
+    excess: float = 0.0
+    weight: float = 0.0
+    # Variance of the pooled excess under independence. φ lies in [0, 1], so a score of
+    # mean m varies by at most m(1 − m) (Bhatia–Davis); the product bounds the pair's.
+    var: float = 0.0
+
+    def add(self, p: PairStats) -> None:
+        self.excess += p.excess
+        self.weight += p.success_weight
+        if p.n > 0:
+            m_a, m_b = p.s_a / p.n, p.s_b / p.n
+            self.var += p.n * m_a * (1.0 - m_a) * m_b * (1.0 - m_b)
+
+
+def _odds(pool: _Pool | None, prior: float, z: float) -> float:
+    """Shrunk c/(1 − c) of pooled pairs, from the excess less z standard errors: what
+    noise alone makes of independent members counts for nothing. Never negative."""
+    if pool is None:
+        return 0.0
+    return max(0.0, pool.excess - z * math.sqrt(pool.var)) / (pool.weight + prior)
+
+
+def _shock(odds: float) -> float:
+    return odds / (1.0 + odds)
+
+
+def _given(combined: float, *known: float) -> float:
+    """The extra shock on top of ``known`` ones that makes the combined shock: c with
+    (1 − combined) = (1 − c)·Π(1 − known), clipped at 0."""
+    rest = 1.0
+    for k in known:
+        rest *= 1.0 - k
+    return max(0.0, 1.0 - (1.0 - combined) / rest) if rest > 0 else 0.0
+
+
+def _classify(a: Member, b: Member) -> str:
+    if a.zone == b.zone and a.model == b.model:
+        return f"site:{a.zone}/{a.model}"
+    if a.zone == b.zone:
+        return f"zone:{a.zone}"
+    if a.model == b.model:
+        return f"model:{a.model}"
+    return "request"
+
+
+def _collect(
+    pool: Sequence[Member], evidence: CoFailure, settings: ProfileSettings
+) -> tuple[dict[str, _Pool], list[tuple[int, int, PairStats]]]:
+    """The pool's observed pairs pooled by what they share, and the rich pairs."""
+    classes: dict[str, _Pool] = {}
+    rich: list[tuple[int, int, PairStats]] = []
+    for i, a in enumerate(pool):
+        for j in range(i + 1, len(pool)):
+            p = evidence.pair(a.candidate_id, pool[j].candidate_id)
+            if p is None or p.n <= 0:
+                continue
+            classes.setdefault(_classify(a, pool[j]), _Pool()).add(p)
+            if p.n >= settings.cofail_pair_min_groups:
+                rich.append((i, j, p))
+    return classes, rich
+
+
+def dependence(
+    pool: Sequence[Member], evidence: CoFailure, settings: ProfileSettings
+) -> Dependence | None:
+    """The failure domains of ``pool`` and their shocks, from the co-failure evidence.
+    None when no pair of the pool was ever seen together (the paper's rule applies)."""
+    classes, rich = _collect(pool, evidence, settings)
+    if not classes:
+        return None
+    prior, z_err = settings.cofail_prior, settings.cofail_z
+
+    def shock(name: str, *known: float) -> float:
+        return _given(_shock(_odds(classes.get(name), prior, z_err)), *known)
+
+    c_req = shock("request")
+    domains = [Domain("request", tuple(range(len(pool))), c_req)]
+    zone_c = {z: shock(f"zone:{z}", c_req) for z in {m.zone for m in pool}}
+    model_c = {m: shock(f"model:{m}", c_req) for m in {m.model for m in pool}}
+    groups: dict[tuple[str, str], float] = {}
+    for z, c in zone_c.items():
+        groups[("zone", z)] = c
+    for m, c in model_c.items():
+        groups[("model", m)] = c
+    for z, m in {(m.zone, m.model) for m in pool}:
+        groups[("site", f"{z}/{m}")] = shock(f"site:{z}/{m}", c_req, zone_c[z], model_c[m])
+    for (kind, value), c in sorted(groups.items()):
+        idx = tuple(i for i, m in enumerate(pool) if _label(kind, m) == value)
+        if c > 0.0 and len(idx) > 1:
+            domains.append(Domain(f"{kind}:{value}", idx, c))
+    domains.extend(_pair_domains(pool, rich, domains, prior, z_err))
+    return Dependence(tuple(domains))
+
+
+def _label(kind: str, m: Member) -> str:
+    return {"zone": m.zone, "model": m.model}.get(kind, f"{m.zone}/{m.model}")
+
+
+def _pair_domains(
+    pool: Sequence[Member],
+    rich: Iterable[tuple[int, int, PairStats]],
+    domains: Sequence[Domain],
+    prior: float,
+    z: float,
+) -> list[Domain]:
+    """A pair seen together often enough gets its own domain for the co-failure its
+    shared domains do not explain."""
+    out = []
+    for i, j, p in rich:
+        pooled = _Pool()
+        pooled.add(p)
+        shared = [d.shock for d in domains if i in d.members and j in d.members]
+        c = _given(_shock(_odds(pooled, prior, z)), *shared)
+        if c > 0.0:
+            out.append(Domain(f"pair:{pool[i].candidate_id}|{pool[j].candidate_id}", (i, j), c))
+    return out

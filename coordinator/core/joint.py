@@ -1,0 +1,177 @@
+"""The joint failure probability of a hedge set under shared failure domains.
+
+The paper's stopping rule takes members' failures as independent:
+``P(all fail) = Π F_i`` with ``F_i = 1 − R⁻_i``. Here each member fails when a shock
+hits one of its domains (coordinator.core.cofailure: domain d is hit with probability
+c_d per request, independently of other domains) or, otherwise, on its own with a
+*residual* probability chosen so that its marginal stays F_i:
+
+    1 − F_i = (1 − r_i) · Π_{d ∋ i} (1 − c_d)
+
+(r_i is clipped at 0 when the shocks alone exceed F_i; the member then fails more often
+than F_i, which errs on the safe side). With every c_d = 0 this is Π F_i exactly.
+
+For a set S: a domain holding one member of S acts as that member's own failure and
+folds into its residual; a domain holding all of S multiplies out in closed form; the
+rest are enumerated, 2^k shock patterns. Past ``max_domains`` the weakest domains are
+merged into one whose shock hits all their members at once: failure events only grow,
+so the merged figure never understates P(all fail).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from coordinator.core.cofailure import Dependence
+from coordinator.core.params import PolicyParams
+from schemas.enums import StopReason
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class JointModel:
+    """P(all members of S fail) for any subset S of one pool."""
+
+    def __init__(self, fail: FloatArray, dep: Dependence, max_domains: int) -> None:
+        n = fail.shape[0]
+        self.fail = fail
+        self.shock = np.array([d.shock for d in dep.domains], dtype=np.float64)
+        self.member: BoolArray = dep.membership(n)
+        keep = self.shock > 0.0
+        self.shock, self.member = self.shock[keep], self.member[keep]
+        self.max_domains = max_domains
+        survive = np.prod(np.where(self.member, 1.0 - self.shock[:, None], 1.0), axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            resid = np.where(survive > 0, 1.0 - (1.0 - fail) / survive, 1.0)
+        self.residual: FloatArray = np.clip(resid, 0.0, 1.0)
+
+    def p_all_fail(self, members: npt.NDArray[np.intp]) -> float:
+        if members.size == 0:
+            return 1.0
+        m = self.member[:, members]
+        counts = m.sum(axis=1)
+        resid = self.residual[members].copy()
+        single = counts == 1
+        if single.any():  # a domain with one member of S is that member's own failure
+            own = np.where(m[single], 1.0 - self.shock[single][:, None], 1.0).prod(axis=0)
+            resid = 1.0 - (1.0 - resid) * own
+        full = counts == members.size
+        if members.size == 1:
+            full = np.zeros_like(full)
+        shared_all = float(np.prod(1.0 - self.shock[full & ~single]))
+        partial = (counts >= 2) & ~full
+        rest = _enumerate(self.shock[partial], m[partial], resid, self.max_domains)
+        return 1.0 - shared_all + shared_all * rest
+
+    def p_shock_only(self, members: npt.NDArray[np.intp]) -> float:
+        """P(all of S fail) from shared causes alone (every residual 0): what no number
+        of members escapes."""
+        saved = self.residual
+        self.residual = np.zeros_like(saved)
+        try:
+            return self.p_all_fail(members)
+        finally:
+            self.residual = saved
+
+
+def _enumerate(shock: FloatArray, member: BoolArray, resid: FloatArray, cap: int) -> float:
+    if shock.size == 0:
+        return float(np.prod(resid))
+    if shock.size > cap:
+        order = np.argsort(-shock, kind="stable")
+        top, weak = order[: cap - 1], order[cap - 1 :]
+        merged_c = 1.0 - float(np.prod(1.0 - shock[weak]))
+        shock = np.append(shock[top], merged_c)
+        member = np.vstack([member[top], member[weak].any(axis=0)])
+    k = shock.shape[0]
+    patterns = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(bool)
+    weight = np.where(patterns, shock, 1.0 - shock).prod(axis=1)
+    hit = (patterns.astype(np.int64) @ member.astype(np.int64)) > 0
+    alone = np.where(hit, 1.0, resid).prod(axis=1)
+    return float(weight @ alone)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    order: npt.NDArray[np.intp]  # the chosen members first (by U⁺), then the rest by U⁺
+    size: int
+    p_success: float  # dependence-aware, of order[:size]
+    p_success_cum: FloatArray  # dependence-aware, after each prefix of ``order``
+    stop: StopReason
+    achievable: float  # the whole pool's dependence-aware P_succ
+    diversified: bool  # the set is not the U⁺ prefix of its size
+
+
+def select(
+    ranked: npt.NDArray[np.intp],
+    fail: FloatArray,
+    u_plus: FloatArray,
+    dep: Dependence,
+    tau: float,
+    params: PolicyParams,
+) -> Selection:
+    """The dependence-aware stopping rule.
+
+    - How many members: the shortest U⁺ prefix whose dependence-aware P_succ reaches τ.
+      For a fixed prefix that figure only falls as co-failure grows, so more observed
+      co-failure never lowers the number of members, and with no shock it is the
+      paper's prefix.
+    - Which members: as many, chosen greedily: the next one maximises U⁺ times how
+      much of its success survives, given that the members chosen so far failed (1
+      under independence, so the greedy order is then the U⁺ order). Within a
+      correlated domain that factor falls, and a member of another domain moves up.
+      The greedy set replaces the prefix when it is more reliable.
+    - No set reaches τ: with shared causes alone capping P_succ below τ the stop is
+      ``target_unreachable``, else (a bigger pool would do) ``pool_exhausted``; the
+      whole pool is sent, or with ``unreachable_members = "saturate"`` the shortest
+      prefix within ``unreachable_slack`` of the achievable probability.
+    """
+    model = JointModel(fail, dep, params.max_enumerated_domains)
+    n = ranked.shape[0]
+    p_cum = np.array([1.0 - model.p_all_fail(ranked[: k + 1]) for k in range(n)])
+    reached = np.flatnonzero(p_cum >= tau)
+    achievable = float(p_cum[-1])
+    if reached.size:
+        size = int(reached[0]) + 1
+        stop = StopReason.TARGET_REACHED
+    else:
+        capped = 1.0 - model.p_shock_only(ranked) < tau
+        stop = StopReason.TARGET_UNREACHABLE if capped else StopReason.POOL_EXHAUSTED
+        size = n
+        if params.unreachable_members == "saturate":
+            size = int(np.flatnonzero(p_cum >= achievable - params.unreachable_slack)[0]) + 1
+    chosen = _greedy(ranked, fail, u_plus, model, size)
+    p_greedy = 1.0 - model.p_all_fail(chosen)
+    diversified = p_greedy > p_cum[size - 1] + 1e-12
+    if not diversified:
+        return Selection(ranked, size, float(p_cum[size - 1]), p_cum, stop, achievable, False)
+    rank_of = {int(c): i for i, c in enumerate(ranked)}
+    head = sorted((int(c) for c in chosen), key=rank_of.__getitem__)
+    order = np.array(head + [int(c) for c in ranked if int(c) not in set(head)], dtype=np.intp)
+    cum = np.array([1.0 - model.p_all_fail(order[: k + 1]) for k in range(n)])
+    return Selection(order, size, float(cum[size - 1]), cum, stop, achievable, True)
+
+
+def _greedy(
+    ranked: npt.NDArray[np.intp], fail: FloatArray, u_plus: FloatArray, model: JointModel, size: int
+) -> npt.NDArray[np.intp]:
+    chosen = [int(ranked[0])]
+    left = [int(c) for c in ranked[1:]]
+    p_fail = model.p_all_fail(np.array(chosen, dtype=np.intp))
+    while len(chosen) < size and left:
+        best, best_score, best_p = left[0], -1.0, p_fail
+        for j in left:  # U⁺ order: the first of equal scores wins, as in the ranking
+            p_with = model.p_all_fail(np.array([*chosen, j], dtype=np.intp))
+            survive = 1.0 - fail[j]
+            rescue = (p_fail - p_with) / (p_fail * survive) if p_fail > 0 and survive > 0 else 0.0
+            score = float(u_plus[j]) * rescue
+            if score > best_score * (1.0 + 1e-9) + 1e-15:
+                best, best_score, best_p = j, score, p_with
+        chosen.append(best)
+        left.remove(best)
+        p_fail = best_p
+    return np.array(chosen, dtype=np.intp)

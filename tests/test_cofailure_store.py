@@ -1,0 +1,93 @@
+"""Co-failure evidence through the trace store: the recompute folds the stored groups
+exactly as the pure fold does, publishes them with the snapshot, and the runtime store
+reads them back (issue 10, item 2)."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import pytest
+import redis
+from psycopg_pool import ConnectionPool
+from test_recompute import drain, hsettings, make_trace, record
+
+from coordinator.core.cofailure import CoFailure, failure_score, fold_groups
+from coordinator.core.observations import NOT_OBSERVED, succeeded
+from coordinator.core.params import ProfileSettings
+from coordinator.state.memstore import MemoryStore
+from coordinator.state.store import RedisStore
+from coordinator.tracestore.db import connect
+from coordinator.tracestore.harvester import Harvester
+from coordinator.tracestore.recompute import recompute
+from schemas.models import MemberTrace
+
+CANDS = ["c0", "c1", "c2", "c3"]
+
+
+def groups_of_traces(n: int, seed: int, now: float) -> list[list[MemberTrace]]:
+    rng = random.Random(seed)
+    groups = []
+    for g in range(n):
+        members = rng.sample(CANDS, rng.randint(1, 3))
+        done = now + g
+        group = []
+        for k, cand in enumerate(members):
+            t = make_trace(g, cand, rng, done - 0.1 * k)
+            group.append(t.model_copy(update={"member_id": f"g{g}.{k}", "rank": k}))
+        groups.append(group)
+    return groups
+
+
+def expected(groups: list[list[MemberTrace]], cfg: ProfileSettings) -> CoFailure:
+    folded = []
+    for group in groups:
+        seen = [t for t in group if t.failure_kind not in NOT_OBSERVED]
+        if len({t.candidate_id for t in seen}) < 2:
+            continue
+        outcomes = [
+            (t.candidate_id, failure_score(succeeded(t.failure_kind), t.quality)) for t in seen
+        ]
+        folded.append((max(t.finished_at_s for t in seen), sorted(outcomes), group[0].group_id))
+    folded.sort(key=lambda x: (x[0], x[2]))
+    return fold_groups(CoFailure(), [(o, at) for at, o, _ in folded], cfg)
+
+
+@pytest.mark.parametrize("cfg", [ProfileSettings(), ProfileSettings(half_life=40.0)])
+def test_the_recompute_publishes_the_folded_co_failure_evidence(
+    r: redis.Redis, pool: ConnectionPool, db: str, cfg: ProfileSettings
+) -> None:
+    now = time.time()
+    store = RedisStore(r, cfg)
+    assert store.load_cofailure() is None  # no snapshot yet
+    groups = groups_of_traces(150, 3, now)
+    for group in groups:
+        for t in group:
+            record(store, t, cfg)
+    drain(Harvester(r, pool, hsettings(), "h"))
+    with connect(db) as conn:
+        result = recompute(r, conn, hsettings(), cfg)
+        assert result.adopted
+        stored: Any = conn.execute(
+            "SELECT cofailure FROM profile_snapshots WHERE version = %s", [result.version]
+        ).fetchone()
+    want = expected(groups, cfg)
+    got = store.load_cofailure()
+    assert got is not None and stored is not None and len(stored[0]) == len(want.pairs)
+    assert sorted(got.pairs) == sorted(want.pairs) and want.pairs
+    for key, p in want.pairs.items():
+        q = got.pairs[key]
+        assert (q.n, q.s_a, q.s_b, q.s_ab, q.observations) == pytest.approx(
+            (p.n, p.s_a, p.s_b, p.s_ab, p.observations), rel=1e-6
+        )
+    # A second read with the same snapshot version is the cached value.
+    assert store.load_cofailure() is got
+
+
+def test_the_memory_store_hands_back_what_was_set() -> None:
+    store = MemoryStore()
+    assert store.load_cofailure() is None
+    ev = fold_groups(CoFailure(), [([("a", 1.0), ("b", 0.0)], 1.0)], ProfileSettings())
+    store.set_cofailure(ev)
+    assert store.load_cofailure() is ev

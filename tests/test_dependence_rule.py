@@ -1,0 +1,276 @@
+"""The dependence-aware stopping rule (issue 10): co-failure evidence, the joint failure
+model and the allocation that uses them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_policy import make_stats, params_st, pools_st
+
+from coordinator.core.cofailure import (
+    CoFailure,
+    Dependence,
+    Domain,
+    Member,
+    dependence,
+    failure_score,
+    fold_group,
+    merge,
+)
+from coordinator.core.joint import JointModel
+from coordinator.core.params import DecayUnit, PolicyParams, ProfileSettings
+from coordinator.core.policy import CandidateArrays, allocate
+from coordinator.errors import InputError
+from schemas.enums import StopReason
+
+SETTINGS = ProfileSettings()
+
+
+def warm(quality: float, n: float = 400.0, f_int: float = 0.0) -> tuple[float, ...]:
+    """A row of a candidate judged ``n`` times at mean ``quality`` (tight posterior)."""
+    return (1.0 + quality * n, 1.0 + (1.0 - quality) * n, f_int, 0.0, 1.0, 0.0, math.inf, 0.0)
+
+
+def domains_st(n: int) -> st.SearchStrategy[Dependence]:
+    member_sets = st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True)
+    dom = st.tuples(member_sets, st.floats(0.0, 0.6))
+    return st.lists(dom, min_size=0, max_size=5).map(
+        lambda ds: Dependence(
+            tuple(Domain(f"d{k}", tuple(sorted(m)), c) for k, (m, c) in enumerate(ds))
+        )
+    )
+
+
+def brute_force(fail: np.ndarray, dep: Dependence, members: list[int]) -> float:
+    """P(all members fail) by enumerating every shock pattern of every domain."""
+    survive = np.ones_like(fail)
+    for d in dep.domains:
+        for i in d.members:
+            survive[i] *= 1.0 - d.shock
+    resid = np.clip(1.0 - (1.0 - fail) / np.where(survive > 0, survive, 1.0), 0.0, 1.0)
+    resid = np.where(survive > 0, resid, 1.0)
+    total = 0.0
+    for pattern in itertools.product((False, True), repeat=len(dep.domains)):
+        w = math.prod(
+            d.shock if a else 1.0 - d.shock for d, a in zip(dep.domains, pattern, strict=True)
+        )
+        hit = {i for d, a in zip(dep.domains, pattern, strict=True) if a for i in d.members}
+        total += w * math.prod(1.0 if i in hit else float(resid[i]) for i in members)
+    return total
+
+
+# ---------------------------------------------------------------- the joint model
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.data())
+def test_joint_model_equals_enumeration_of_every_shock_pattern(data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 6))
+    fail = np.array(data.draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n)))
+    dep = data.draw(domains_st(n))
+    members = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))
+    model = JointModel(fail, dep, max_domains=16)
+    got = model.p_all_fail(np.array(members, dtype=np.intp))
+    assert got == pytest.approx(brute_force(fail, dep, members), abs=1e-9)
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(st.data())
+def test_merging_domains_past_the_cap_never_understates_joint_failure(
+    data: st.DataObject,
+) -> None:
+    n = data.draw(st.integers(2, 6))
+    fail = np.array(data.draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n)))
+    dep = data.draw(domains_st(n))
+    members = np.arange(n, dtype=np.intp)
+    exact = JointModel(fail, dep, max_domains=16).p_all_fail(members)
+    capped = JointModel(fail, dep, max_domains=1).p_all_fail(members)
+    assert capped >= exact - 1e-12
+
+
+# ---------------------------------------------------------------- the rule
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(pools_st, params_st)
+def test_rule_reduces_to_the_papers_without_dependence(
+    rows: list[tuple[float, ...]], params: PolicyParams
+) -> None:
+    stats = make_stats(rows)  # type: ignore[arg-type]
+    n = len(stats)
+    paper = allocate(stats, params.model_copy(update={"use_dependence": False}))
+    domains = (Domain("request", tuple(range(n)), 0.0), Domain("zone:a", (0,), 0.0))
+    for dep in (None, Dependence(()), Dependence(domains)):
+        got = allocate(stats, params, dep)
+        assert got.members.tolist() == paper.members.tolist()
+        assert got.p_success == paper.p_success
+        assert got.stop is paper.stop
+        assert got.p_success_indep == paper.p_success
+
+
+def _stats_and_dep(data: st.DataObject) -> tuple[CandidateArrays, Dependence, PolicyParams]:
+    rows = data.draw(pools_st)
+    stats = make_stats(rows)
+    dep = data.draw(domains_st(len(stats)))
+    params = data.draw(params_st)
+    return stats, dep, params
+
+
+def _scaled(dep: Dependence, factor: float) -> Dependence:
+    return Dependence(
+        tuple(Domain(d.name, d.members, min(0.99, d.shock * factor)) for d in dep.domains)
+    )
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.data())
+def test_never_less_conservative_than_the_papers_rule(data: st.DataObject) -> None:
+    stats, dep, params = _stats_and_dep(data)
+    paper = allocate(stats, params.model_copy(update={"use_dependence": False}))
+    got = allocate(stats, params, dep)
+    assert got.p_success <= got.p_success_indep + 1e-12
+    assert got.size >= paper.size
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.data(), st.floats(1.0, 5.0))
+def test_more_co_failure_never_lowers_the_members_needed(data: st.DataObject, k: float) -> None:
+    stats, dep, params = _stats_and_dep(data)
+    low = allocate(stats, params, dep)
+    high = allocate(stats, params, _scaled(dep, k))
+    assert high.size >= low.size
+
+
+def test_correlation_inside_a_zone_diversifies_across_zones() -> None:
+    # Three strong members of zone a rank first, two weaker ones of zone b after them.
+    rows = [warm(0.8), warm(0.8), warm(0.8), warm(0.7), warm(0.7)]
+    stats = make_stats(rows)  # type: ignore[arg-type]
+    params = PolicyParams(tau=0.96)
+    assert allocate(stats, params).members.tolist() == [0, 1, 2]
+    dep = Dependence((Domain("zone:a", (0, 1, 2), 0.1),))
+    got = allocate(stats, params, dep)
+    # Zone a's shared brownouts: its prefix of three no longer reaches τ, and the
+    # members taken are spread over both zones rather than the U⁺ prefix of four.
+    assert got.size == 4
+    assert got.diversified
+    assert sorted(got.members.tolist()) == [0, 1, 3, 4]
+    model = JointModel(1.0 - got.r_minus, dep, 10)
+    assert 1.0 - model.p_all_fail(got.members) == pytest.approx(got.p_success)
+    assert got.p_success > 1.0 - model.p_all_fail(np.array([0, 1, 2, 3]))
+    assert got.p_success < got.p_success_indep
+
+
+def test_a_cause_every_member_shares_makes_the_target_unreachable() -> None:
+    stats = make_stats([warm(0.8)] * 6)  # type: ignore[list-item]
+    params = PolicyParams(tau=0.9)
+    assert allocate(stats, params).stop is StopReason.TARGET_REACHED
+    dep = Dependence((Domain("request", tuple(range(6)), 0.2),))
+    got = allocate(stats, params, dep)
+    assert got.stop is StopReason.TARGET_UNREACHABLE
+    assert got.achievable <= 0.8 + 1e-12
+    assert got.size == 6  # default: the whole pool, as when a pool falls short
+    cheap = allocate(stats, params.model_copy(update={"unreachable_members": "saturate"}), dep)
+    assert cheap.stop is StopReason.TARGET_UNREACHABLE
+    assert cheap.size < 6
+    assert cheap.p_success >= cheap.achievable - params.unreachable_slack
+
+
+def test_a_pool_too_small_without_shared_cause_is_exhausted_not_unreachable() -> None:
+    stats = make_stats([warm(0.5), warm(0.5)])  # type: ignore[list-item]
+    dep = Dependence((Domain("zone:a", (0, 1), 0.05),))
+    got = allocate(stats, PolicyParams(tau=0.95), dep)
+    assert got.stop is StopReason.POOL_EXHAUSTED
+
+
+# ---------------------------------------------------------------- the evidence
+
+
+def _members() -> list[Member]:
+    return [
+        Member("a1", "a", "m1"),
+        Member("a2", "a", "m2"),
+        Member("b1", "b", "m1"),
+        Member("b2", "b", "m2"),
+    ]
+
+
+def _simulate(
+    rng: np.random.Generator, groups: int, zone_shock: float, req_shock: float
+) -> CoFailure:
+    ev = CoFailure()
+    pool = _members()
+    for g in range(groups):
+        req = rng.random() < req_shock
+        zone_a = rng.random() < zone_shock
+        outcomes = []
+        for m in pool:
+            fail = req or (m.zone == "a" and zone_a) or rng.random() < 0.2
+            outcomes.append((m.candidate_id, failure_score(not fail, None)))
+        ev = fold_group(ev, outcomes, float(g), SETTINGS)
+    return ev
+
+
+def test_zone_co_failure_is_attributed_to_the_zone() -> None:
+    ev = _simulate(np.random.default_rng(1), 3000, zone_shock=0.3, req_shock=0.0)
+    dep = dependence(_members(), ev, SETTINGS)
+    assert dep is not None
+    shocks = {d.name: d.shock for d in dep.domains}
+    assert shocks["zone:a"] == pytest.approx(0.3, abs=0.06)
+    assert shocks["request"] < 0.02
+    assert "zone:b" not in shocks or shocks["zone:b"] < 0.02
+
+
+def test_request_hardness_is_attributed_to_the_request() -> None:
+    ev = _simulate(np.random.default_rng(2), 3000, zone_shock=0.0, req_shock=0.1)
+    dep = dependence(_members(), ev, SETTINGS)
+    assert dep is not None
+    shocks = {d.name: d.shock for d in dep.domains}
+    assert shocks["request"] == pytest.approx(0.1, abs=0.03)
+
+
+def test_independent_outcomes_give_almost_no_shock_and_thin_evidence_none() -> None:
+    ev = _simulate(np.random.default_rng(3), 3000, zone_shock=0.0, req_shock=0.0)
+    dep = dependence(_members(), ev, SETTINGS)
+    assert dep is not None
+    assert max(d.shock for d in dep.domains) < 0.02
+    assert dependence(_members(), CoFailure(), SETTINGS) is None
+    # Five groups where everything failed together: the prior keeps the shock modest.
+    few = _simulate(np.random.default_rng(4), 5, zone_shock=1.0, req_shock=0.0)
+    thin = dependence(_members(), few, SETTINGS)
+    assert thin is None or max(d.shock for d in thin.domains) < 0.5
+
+
+def test_merge_of_folds_equals_one_fold() -> None:
+    rng = np.random.default_rng(5)
+    decayed = ProfileSettings(half_life=50.0, decay_unit=DecayUnit.OBSERVATIONS)
+    groups = [[(m.candidate_id, float(rng.random() < 0.3)) for m in _members()] for _ in range(40)]
+    for prof in (SETTINGS, decayed):
+        whole = CoFailure()
+        for t, g in enumerate(groups):
+            whole = fold_group(whole, g, float(t), prof)
+        head, tail = CoFailure(), CoFailure()
+        for t, g in enumerate(groups[:25]):
+            head = fold_group(head, g, float(t), prof)
+        for t, g in enumerate(groups[25:], start=25):
+            tail = fold_group(tail, g, float(t), prof)
+        merged = merge(head, tail, prof)
+        for key, p in whole.pairs.items():
+            q = merged.pairs[key]
+            assert (q.n, q.s_a, q.s_b, q.s_ab) == pytest.approx((p.n, p.s_a, p.s_b, p.s_ab))
+
+
+def test_failure_scores_and_bad_input() -> None:
+    assert failure_score(False, None) == 1.0
+    assert failure_score(True, None) == 0.0
+    assert failure_score(True, 0.75) == 0.25
+    with pytest.raises(InputError, match=r"quality=1\.5"):
+        failure_score(True, 1.5)
+    with pytest.raises(InputError, match="failure score 2"):
+        fold_group(CoFailure(), [("a", 2.0), ("b", 0.0)], 0.0, SETTINGS)
+    one = fold_group(CoFailure(), [("a", 1.0), ("a", 1.0)], 0.0, SETTINGS)
+    assert not one.pairs
