@@ -135,6 +135,46 @@ def bench_decision_cmd(
     print(json.dumps(res, indent=2))
 
 
+@bench_app.command("calibration")
+@clean_errors
+def bench_calibration_cmd(
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(help="Built-in scenario (repeatable; default overall and the correlated)"),
+    ] = None,
+    taus: Annotated[str, typer.Option(help="Comma-separated τ values")] = "0.9,0.95",
+    seeds: Annotated[int, typer.Option(help="How many seeds, from 0")] = 5,
+    tasks: Annotated[int, typer.Option(help="Tasks per run")] = 200,
+    warm_tasks: Annotated[int, typer.Option(help="Tasks left out as warm-up")] = 50,
+    workers: Annotated[int, typer.Option(help="Processes (0 = one per core)")] = 0,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Write calibration.json and reliability.png")
+    ] = None,
+) -> None:
+    """Predicted P_succ against observed success (reliability diagram, calibration error,
+    no-success rate against 1 − τ) for the paper's and the dependence-aware rule."""
+    from bench.calibration import SCENARIOS, bench_calibration, parse_taus, print_table, slim
+    from bench.calibration import write as write_calibration
+
+    names = scenario or list(SCENARIOS)
+    for name in names:
+        if name not in SCENARIOS:
+            raise InputError(f"--scenario {name!r}; expected one of {', '.join(SCENARIOS)}")
+    if seeds < 1 or tasks < 1 or workers < 0:
+        raise InputError(
+            f"--seeds={seeds}, --tasks={tasks}, --workers={workers}; expected seeds and "
+            "tasks at least 1, workers 0 (one per core) or more"
+        )
+    report = bench_calibration(
+        names, parse_taus(taus), list(range(seeds)), tasks, warm_tasks, workers
+    )
+    print_table(report)
+    if out_dir is not None:
+        for p in write_calibration(report, out_dir):
+            err.print(f"wrote {p}")
+    print(json.dumps(slim(report), indent=2, allow_nan=False))
+
+
 @bench_app.command("frontier")
 @clean_errors
 def bench_frontier_cmd(
