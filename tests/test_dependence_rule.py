@@ -274,3 +274,42 @@ def test_failure_scores_and_bad_input() -> None:
         fold_group(CoFailure(), [("a", 2.0), ("b", 0.0)], 0.0, SETTINGS)
     one = fold_group(CoFailure(), [("a", 1.0), ("a", 1.0)], 0.0, SETTINGS)
     assert not one.pairs
+
+
+def test_a_shared_endpoint_across_zones_and_models_is_a_domain() -> None:
+    pool = [
+        Member("p", "eu", "m1", "api.example.com"),
+        Member("q", "us", "m2", "api.example.com"),
+        Member("r", "ap", "m3", "other.example.com"),
+    ]
+    rng = np.random.default_rng(6)
+    ev = CoFailure()
+    for g in range(3000):
+        down = rng.random() < 0.25  # the shared host is down for this request
+        outcomes = []
+        for m in pool:
+            fail = (down and m.endpoint == "api.example.com") or rng.random() < 0.15
+            outcomes.append((m.candidate_id, failure_score(not fail, None)))
+        ev = fold_group(ev, outcomes, float(g), SETTINGS)
+    dep = dependence(pool, ev, SETTINGS)
+    assert dep is not None
+    shocks = {d.name: d for d in dep.domains}
+    assert shocks["endpoint:api.example.com"].shock == pytest.approx(0.25, abs=0.06)
+    assert shocks["endpoint:api.example.com"].members == (0, 1)
+    assert shocks["request"].shock < 0.02
+
+
+def test_the_runtime_reads_a_candidates_endpoint_host() -> None:
+    from coordinator.runtime.pool import endpoint_host
+    from schemas.models import BackendSpec, Candidate
+
+    sim = Candidate(id="a", role="coder", model="m", zone="eu")
+    assert endpoint_host(sim) == ""
+    real = sim.model_copy(
+        update={
+            "backend": BackendSpec(
+                kind="openai", settings={"base_url": "https://api.example.com:8443/v1"}
+            )
+        }
+    )
+    assert endpoint_host(real) == "api.example.com"

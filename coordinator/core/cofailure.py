@@ -12,9 +12,10 @@ per candidate pair. ``Σφ_aφ_b − Σφ_a Σφ_b / n`` is n times the pair's s
 over the groups in which both ran: zero in expectation when they fail independently.
 
 Estimation, a common-cause ("shock") model as in reliability engineering's beta-factor
-models: a *failure domain* d (the request itself, a zone, a model, a zone × model site,
-a pair with rich evidence) is hit with probability ``c_d`` per request and then fails
-every member in it; members otherwise fail independently. For two members sharing
+models: a *failure domain* d (the request itself, a zone, a model, a zone × model site, a
+provider endpoint shared across zones and models, a pair with rich evidence) is hit with
+probability ``c_d`` per request and then fails every member in it; members otherwise
+fail independently. For two members sharing
 domains with combined shock ``c`` and marginal success S_a, S_b:
 
     P(both fail) − F_a F_b = S_a S_b · c / (1 − c)
@@ -227,6 +228,7 @@ class Member:
     candidate_id: str
     zone: str
     model: str
+    endpoint: str = ""  # the serving host (provider endpoint); "" = unknown, no domain
 
 
 @dataclass
@@ -273,6 +275,8 @@ def _classify(a: Member, b: Member) -> str:
         return f"zone:{a.zone}"
     if a.model == b.model:
         return f"model:{a.model}"
+    if a.endpoint and a.endpoint == b.endpoint:
+        return f"endpoint:{a.endpoint}"
     return "request"
 
 
@@ -317,6 +321,8 @@ def dependence(
         groups[("model", m)] = c
     for z, m in {(m.zone, m.model) for m in pool}:
         groups[("site", f"{z}/{m}")] = shock(f"site:{z}/{m}", c_req, zone_c[z], model_c[m])
+    for e in {m.endpoint for m in pool if m.endpoint}:
+        groups[("endpoint", e)] = shock(f"endpoint:{e}", c_req)
     for (kind, value), c in sorted(groups.items()):
         idx = tuple(i for i, m in enumerate(pool) if _label(kind, m) == value)
         if c > 0.0 and len(idx) > 1:
@@ -326,7 +332,8 @@ def dependence(
 
 
 def _label(kind: str, m: Member) -> str:
-    return {"zone": m.zone, "model": m.model}.get(kind, f"{m.zone}/{m.model}")
+    labels = {"zone": m.zone, "model": m.model, "endpoint": m.endpoint}
+    return labels.get(kind, f"{m.zone}/{m.model}")
 
 
 def _pair_domains(

@@ -48,6 +48,7 @@ class PoolMember:
     candidate_id: str
     zone: str
     model: str = ""  # a failure domain of its own (coordinator.core.cofailure)
+    endpoint: str = ""  # the serving host, another failure domain ("" = unknown)
 
 
 def _bandwidth(
@@ -133,7 +134,7 @@ def build_view(
     profs = [candidates.get(m.candidate_id) for m in pool]
     dep = None
     if cofailure is not None and cofailure.pairs:
-        members = [Member(m.candidate_id, m.zone, m.model) for m in pool]
+        members = [Member(m.candidate_id, m.zone, m.model, m.endpoint) for m in pool]
         dep = dependence(members, cofailure, settings)
     return PoolView(
         ids=[m.candidate_id for m in pool],

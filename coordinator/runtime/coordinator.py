@@ -44,7 +44,7 @@ from coordinator.runtime.liveness import (
     unreported,
     watch_for,
 )
-from coordinator.runtime.pool import Pool
+from coordinator.runtime.pool import Pool, endpoint_host
 from coordinator.runtime.ports import DelayWindow, Dispatcher, HedgeBudget, RuntimeStore
 from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.state import keys
@@ -104,7 +104,7 @@ class Coordinator:
         caller = self.pool.config.caller_zone
         lids = sorted({link_id(caller, c.zone) for c in cands})
         profiles, links = self.store.load_profiles([c.id for c in cands], lids)
-        members = [PoolMember(c.id, c.zone, c.model) for c in cands]
+        members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
         view = build_view(
             members, caller, profiles, links, request_bytes, self.profile_settings,
             self.cofailure(),

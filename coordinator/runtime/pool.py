@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -139,3 +140,10 @@ class Pool:
             winner_mode=winner if isinstance(winner, WinnerMode) else settings.winner_mode,
             deadline_s=deadline if isinstance(deadline, float) else settings.default_deadline_s,
         )
+
+
+def endpoint_host(candidate: Candidate) -> str:
+    """The host serving a candidate (``base_url`` / ``endpoint`` of its backend), a
+    failure domain shared by every candidate behind it; "" when it has none (simulated)."""
+    url = candidate.backend.settings.get("base_url") or candidate.backend.settings.get("endpoint")
+    return (urlsplit(str(url)).hostname or "") if url else ""
