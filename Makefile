@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean test-llm
+.PHONY: demo test lint typecheck unit browser bench clean test-llm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,27 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
-	$(BIN)/pytest -q
+# The browser tests (tests/test_*_browser.py) drive headless Chromium through Playwright,
+# using the system's browser: Debian's chromium, installed here when it is missing.
+CHROMIUM ?= /usr/bin/chromium
+
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then exit 0; fi; \
+	echo "browser tests: $(CHROMIUM) is missing; installing Debian's chromium with apt-get"; \
+	SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "error: no apt-get on this machine: install Chromium yourself and run" \
+	       "make test CHROMIUM=/path/to/chromium" >&2; exit 1; fi; \
+	if ! { $$SUDO apt-get update -qq && \
+	       DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }; then \
+	  echo "error: apt-get could not install chromium (root or sudo and the Debian" \
+	       "mirrors are needed); install it yourself or set CHROMIUM=/path/to/chromium" >&2; \
+	  exit 1; fi; \
+	[ -x "$(CHROMIUM)" ] || { echo "error: chromium installed, but $(CHROMIUM) is not there;" \
+	  "run make test CHROMIUM=/path/to/chromium" >&2; exit 1; }
+
+unit: $(STAMP) browser
+	HACO_TEST_CHROMIUM=$(CHROMIUM) $(BIN)/pytest -q
 
 test: lint typecheck unit
 

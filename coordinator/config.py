@@ -6,9 +6,11 @@ method's own parameters live in :mod:`coordinator.core.params`.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
+import platformdirs
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -17,14 +19,47 @@ from schemas.enums import LaunchMode, WinnerMode
 Seconds = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
 
+def default_state_dir() -> Path:
+    """Where the embedded services keep their state when HACO_STATE_DIR is unset: one
+    place per user, whatever the current directory, so `haco up` in one directory and
+    `haco invoke` (or agent code) in another find the same services. The user's state
+    directory (``$XDG_STATE_HOME/haco``, by default ``~/.local/state/haco``); as root the
+    system's (``/var/lib/haco``), because the embedded Postgres, run as root, opens every
+    parent of its data directory to other users (g+rx, o+rx; see
+    :mod:`coordinator.services.embedded_pg`), and root's home must stay closed."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path(platformdirs.site_state_dir("haco"))
+    return Path(platformdirs.user_state_dir("haco"))
+
+
 class HacoSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HACO_", extra="ignore", frozen=True)
 
     # Services. Unset URLs mean: use the embedded servers under ``state_dir``.
     redis_url: str | None = None
     database_url: str | None = None
-    state_dir: Path = Path(".haco")
+    state_dir: Path = Field(default_factory=default_state_dir)
     pool_file: Path | None = None  # pool config TOML; None = the paper's simulated pool
+
+    # Supervision by `haco up` (coordinator/services/supervisor.py): every child (workers,
+    # harvester, beat, judge, Flower, the embedded Redis and Postgres) is polled every
+    # supervise_poll_s; a dead one is restarted after supervise_initial_delay_s, the delay
+    # doubling with each further crash up to supervise_max_delay_s: a child that crashes
+    # at once (bad config, port taken) must not spin the CPU or flood its log, while a
+    # one-off crash comes back within a second. A child that ran supervise_stable_s
+    # counts as healthy again (its backoff restarts from the initial delay). After
+    # supervise_max_restarts crashes in a row, each within supervise_stable_s of its
+    # start, it is given up (logged, "given_up" in the status file): a crash loop needs a
+    # person, and restarting it forever would hide that.
+    supervise_poll_s: Seconds = 0.2
+    # `haco up` says it is ready only once every zone's worker answers a Celery ping
+    # (a worker still importing would leave the first invocations' members unstarted
+    # past the start timeout); after this long it says which zones are not ready yet.
+    up_ready_timeout_s: Seconds = 60.0
+    supervise_initial_delay_s: Seconds = 0.5
+    supervise_max_delay_s: Seconds = 30.0
+    supervise_stable_s: Seconds = 60.0
+    supervise_max_restarts: Annotated[int, Field(ge=1, le=10_000)] = 10
     # Trace store retention: `haco db retention` drops daily partitions of members and link
     # observations (and older invocations and profile snapshots) older than this many days.
     retention_days: Annotated[int, Field(ge=1)] = 30

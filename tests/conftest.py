@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import psycopg
@@ -12,16 +15,30 @@ from psycopg_pool import ConnectionPool
 from services import RunServices, fresh_database, open_pool
 
 _SERVICES = pytest.StashKey[RunServices]()
+_STATE_DIR = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SERVICES] = RunServices()  # probes and starts nothing until first use
+    # No test may use the real state dir (the user's, where a developer's `haco up`
+    # runs: coordinator.config.default_state_dir): the run gets one of its own, which
+    # every process it starts inherits. Tests that start services give their own.
+    if not os.environ.get("HACO_STATE_DIR"):
+        state = tempfile.mkdtemp(prefix="haco-test-state-")
+        config.stash[_STATE_DIR] = state
+        os.environ["HACO_STATE_DIR"] = state
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     services = config.stash.get(_SERVICES, None)
-    if services is not None:
-        services.close()
+    state = config.stash.get(_STATE_DIR, None)
+    try:
+        if services is not None:
+            services.close()
+    finally:
+        if state is not None:
+            os.environ.pop("HACO_STATE_DIR", None)
+            shutil.rmtree(state, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -95,7 +95,8 @@ def test_start_ping_pidfile_discover_stop(tmp_path: Path) -> None:
             assert client.set("k", "v")
             assert client.get("k") == "v"
             assert client.config_get("save") == {"save": ""}
-            assert client.config_get("appendonly") == {"appendonly": "no"}
+            assert client.config_get("appendonly") == {"appendonly": "yes"}
+            assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
             assert client.config_get("dir")["dir"] == str(tmp_path / "redis")
         record = json.loads(pidfile_path(tmp_path).read_text())
         port = int(url.rsplit(":", 1)[1].split("/")[0])
@@ -108,7 +109,42 @@ def test_start_ping_pidfile_discover_stop(tmp_path: Path) -> None:
         os.kill(pid, 0)
     assert not pidfile_path(tmp_path).exists()
     assert discover(tmp_path) is None
-    assert not list((tmp_path / "redis").glob("*.rdb")) and not list(tmp_path.rglob("*.aof"))
+    # Persistence is the append-only file only: no RDB snapshot, even at shutdown.
+    assert not list((tmp_path / "redis").glob("*.rdb"))
+    assert list((tmp_path / "redis" / "appendonlydir").glob("*.aof"))
+
+
+def test_restart_after_a_crash_keeps_the_port_and_the_data(
+    tmp_path: Path, servers: list[EmbeddedRedis]
+) -> None:
+    handle = started(servers, tmp_path)
+    url, pid = handle.url, handle.pid
+    assert url is not None and pid is not None
+    with pytest.raises(ServiceError, match="still runs"):
+        handle.restart()
+    with redis.Redis.from_url(url) as client:
+        client.set("kept", "yes")
+        client.xadd("stream", {"f": "v"})
+        assert client.execute_command("WAITAOF", 1, 0, 5000)[0] == 1  # on disk now
+    os.kill(pid, signal.SIGKILL)
+    wait_for("the server to die", lambda: handle.poll() is not None)
+    assert handle.poll() == -signal.SIGKILL  # reaped
+    assert handle.restart() == url  # the same port: callers keep their URL
+    assert handle.pid not in (None, pid) and discover(tmp_path) == url
+    assert json.loads(pidfile_path(tmp_path).read_text())["pid"] == handle.pid
+    with redis.Redis.from_url(url) as client:
+        assert client.get("kept") == b"yes" and client.xlen("stream") == 1
+    handle.stop()
+    # And across a stop: SHUTDOWN fsyncs the AOF.
+    again = started(servers, tmp_path)
+    assert again.url is not None
+    with redis.Redis.from_url(again.url) as client:
+        assert client.get("kept") == b"yes"
+
+
+def test_restart_of_a_server_never_started_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ServiceError, match="never started"):
+        EmbeddedRedis(tmp_path).restart()
 
 
 def test_stop_twice_and_stop_before_start_are_harmless(tmp_path: Path) -> None:

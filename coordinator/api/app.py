@@ -5,7 +5,8 @@ one made at startup and closed at shutdown.
 Routes: POST /v1/chat/completions and GET /v1/models (OpenAI-compatible; ``model`` names
 a role), POST /v1/invocations (native, every member's outcome), GET /v1/profiles,
 GET /v1/invocations/{id}, GET /healthz, GET /readyz, GET /metrics (Prometheus,
-coordinator/api/metrics.py). Auth and the body-size limit: coordinator/api/guard.py; error
+coordinator/api/metrics.py), GET /dashboard and its data GET /v1/dashboard
+(coordinator/api/dashboard.py). Auth and the body-size limit: coordinator/api/guard.py; error
 answers: coordinator/api/errors.py.
 """
 
@@ -20,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from coordinator.api import chat, health, invocations, profiles
+from coordinator.api import chat, dashboard, health, invocations, profiles
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.guard import Guard, parse_tokens
 from coordinator.api.health import Readiness
@@ -70,7 +71,7 @@ def create_app(settings: HacoSettings, client: HacoClient | None = None) -> Fast
     app.state.settings = settings
     if client is not None:  # usable without the lifespan (an ASGI transport in tests)
         _attach(app, client, settings)
-    for module in (chat, invocations, profiles, health):
+    for module in (chat, invocations, profiles, health, dashboard):
         app.include_router(module.router)
     app.router.routes.append(Route("/metrics", _metrics, methods=["GET"], include_in_schema=False))
     install_error_handlers(app)

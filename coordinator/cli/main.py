@@ -18,6 +18,7 @@ from coordinator.cli.ops import register_ops
 from coordinator.cli.profiles import register_profiles
 from coordinator.cli.serve import register_serve
 from coordinator.cli.traces import register_traces
+from coordinator.cli.zones import register_zones
 from coordinator.errors import InputError
 
 COMMAND_MODULES = (bench, files, plan)  # imported for their commands, registered on import
@@ -62,6 +63,7 @@ register_db(app)
 register_traces(app)
 register_profiles(app)
 register_serve(app)
+register_zones(app)
 
 
 def main() -> None:

@@ -9,13 +9,16 @@ tests run through.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from coordinator.config import HacoSettings
+from coordinator.errors import StoreError
 from coordinator.runtime.pool import check_zone
 from coordinator.state.broker import celery_conf
 from coordinator.state.keys import MEMBER_TASK, queue_for
@@ -39,7 +42,17 @@ class CeleryDispatcher:
 
     def send(self, zone: str, task: MemberTask) -> None:
         check_zone(zone, self.zones)
-        self.app.send_task(MEMBER_TASK, args=[task.model_dump(mode="json")], queue=queue_for(zone))
+        try:
+            self.app.send_task(
+                MEMBER_TASK, args=[task.model_dump(mode="json")], queue=queue_for(zone)
+            )
+        except OperationalError as exc:  # the broker is unreachable, after Celery's retries
+            # Without its password, if it has one.
+            broker = re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", str(self.app.conf.broker_url))
+            raise StoreError(
+                f"the Celery broker at {broker} is unreachable, failed to send member "
+                f"{task.member_id} to {queue_for(zone)}: {exc}"
+            ) from exc
 
 
 class ThreadDispatcher:

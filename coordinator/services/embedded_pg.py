@@ -138,6 +138,7 @@ class EmbeddedPostgres:
         self.url: str | None = None
         self.pid: int | None = None
         self._server: PostgresServer | None = None
+        self._started = False  # once started here, restart() may start it again
 
     def start(self) -> str:
         """Start the server (initialising the data directory the first time); return its
@@ -175,7 +176,7 @@ class EmbeddedPostgres:
                 f"the embedded Postgres in {self.data_dir} did not start: {exc}\n"
                 f"log {self.log_path}:\n{self._log_tail()}"
             ) from exc
-        self._server, self.url, self.pid = server, url, info.pid
+        self._server, self.url, self.pid, self._started = server, url, info.pid, True
         return url
 
     def _log_tail(self) -> str:
@@ -183,10 +184,32 @@ class EmbeddedPostgres:
             return self.log_path.read_text("utf-8", "replace")[-LOG_TAIL_CHARS:].strip()
         return ""
 
+    def alive(self) -> bool:
+        """Whether the postmaster this object started still runs. It is not our child
+        (``pg_ctl`` starts it and exits), so this reads its command line, which names the
+        data directory: a gone pid, a zombie (empty command line) or a recycled pid is
+        dead."""
+        if self._server is None or self.pid is None:
+            return False
+        return str(self.data_dir.resolve()) in process_cmdline(self.pid)
+
+    def restart(self) -> str:
+        """Start the server again after its postmaster died (the supervisor of `haco up`):
+        same data directory, same socket and port, so its URL does not change; Postgres
+        recovers from its WAL before it accepts connections. DatabaseError if it still
+        runs or was never started here."""
+        if not self._started:
+            raise DatabaseError("embedded Postgres: restart of a server this process never started")
+        if self.alive():
+            raise DatabaseError(f"embedded Postgres at {self.url} (pid {self.pid}) still runs")
+        self._server, self.url, self.pid = None, None, None
+        return self.start()
+
     def stop(self) -> None:
         """Stop the server (pg_ctl stop, fast mode; pgserver kills it if that fails). Does
         nothing if this object did not start it, so safe to repeat."""
         server, self._server, self.url, self.pid = self._server, None, None, None
+        self._started = False
         if server is None:
             return
         try:

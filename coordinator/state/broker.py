@@ -15,6 +15,8 @@ from coordinator.config import HacoSettings
 from coordinator.errors import ConfigError
 from coordinator.state import keys
 
+BROKER_TRANSPORT = "coordinator.state.kombu_redis:Transport"
+
 
 def with_db(url: str, db: int) -> str:
     """The same Redis server, another database number (redis://host:port/db)."""
@@ -28,8 +30,20 @@ def celery_conf(settings: HacoSettings, redis_url: str) -> dict[str, Any]:
     """Celery settings for a HACO app on the server at ``redis_url``."""
     return {
         "broker_url": with_db(redis_url, keys.BROKER_DB),
+        # kombu's Redis transport with a fix for losing the broker under load
+        # (coordinator/state/kombu_redis.py); redis:// URLs as before.
+        "broker_transport": BROKER_TRANSPORT,
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        # Reconnection (a restarted Redis, e.g. the embedded one under `haco up`'s
+        # supervisor, comes back on the same URL): a worker that loses the broker
+        # restarts its consumer and retries the connection (kombu's ensure_connection:
+        # 2 s, then 4 s … up to 30 s apart) forever, not the default 100 times, after
+        # which the worker would exit. Senders publish with Celery's default retry
+        # (task_publish_retry: 3 retries within about 0.6 s), then fail: a caller gets
+        # an error (StoreError naming the broker) instead of hanging while Redis is down.
+        "broker_connection_retry": True,
         "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
         "result_backend": None,
         "task_ignore_result": True,
         "task_acks_late": True,

@@ -123,6 +123,14 @@ def _fold_link(
     return update_link_many(prof, obs, settings)
 
 
+def server_url(client: redis.Redis) -> str:
+    """The redis:// URL (no password) ``client`` connects to, for error messages."""
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return f"unix://{kw['path']}?db={kw.get('db', 0)}"
+    return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
 class RedisStore(RedisOutcomes):
     """The production backend. ``client`` must not decode responses (bytes in, bytes out).
     ``profile_settings`` is how deltas merge onto the snapshot (the workers' decay).
@@ -148,6 +156,11 @@ class RedisStore(RedisOutcomes):
     def _guard(self, what: str, fn: Callable[[], P]) -> P:
         try:
             return fn()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Down or restarting (redis-py reconnects by itself once it is back).
+            raise StoreError(
+                f"redis failed to {what}: {server_url(self.r)} is unreachable: {exc}"
+            ) from exc
         except redis.RedisError as exc:
             raise StoreError(f"redis failed to {what}: {exc}") from exc
 
