@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from matplotlib.figure import Figure
 from rich.table import Table
 
 from bench.console import show
+from bench.paper import execute as paper_execute
 from coordinator.core.params import PolicyParams
 from coordinator.errors import InputError
 from schemas.enums import LaunchMode
@@ -89,22 +88,7 @@ def _run_job(job: Job) -> RunResult:
 def execute(
     jobs: list[Job], workers: int, progress: Callable[[Job], None] | None = None
 ) -> list[RunResult]:
-    n = workers or min(len(jobs), os.cpu_count() or 1)
-    if n <= 1:
-        out = []
-        for job in jobs:
-            out.append(_run_job(job))
-            if progress:
-                progress(job)
-        return out
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(_run_job, j) for j in jobs]
-        results = []
-        for job, fut in zip(jobs, futures, strict=True):
-            results.append(fut.result())
-            if progress:
-                progress(job)
-        return results
+    return paper_execute(jobs, workers, progress, _run_job)
 
 
 _MEANS = (

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,6 +25,8 @@ from schemas.scenario import Scenario
 from sim.runner import RunResult, check_workflow_roles, method_names, run
 
 DEFAULT_TAUS = (0.70, 0.80, 0.90, 0.95)
+J = TypeVar("J")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -97,18 +99,23 @@ def plan_jobs(cfg: BenchConfig) -> list[Job]:
 
 
 def execute(
-    jobs: list[Job], workers: int, progress: Callable[[Job], None] | None = None
-) -> list[RunResult]:
+    jobs: Sequence[J],
+    workers: int,
+    progress: Callable[[J], None] | None,
+    run_one: Callable[[J], R],
+) -> list[R]:
+    """``run_one`` (a module-level function: it is pickled) over ``jobs``, on a process
+    pool of ``workers`` (0 = one per core), results in job order; ``progress`` after each."""
     n = workers or min(len(jobs), os.cpu_count() or 1)
     if n <= 1:
         results = []
         for job in jobs:
-            results.append(_run_job(job))
+            results.append(run_one(job))
             if progress:
                 progress(job)
         return results
     with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(_run_job, j) for j in jobs]
+        futures = [pool.submit(run_one, j) for j in jobs]
         out = []
         for job, fut in zip(jobs, futures, strict=True):
             out.append(fut.result())
@@ -176,7 +183,7 @@ def bench_paper(cfg: BenchConfig, progress: Callable[[Job], None] | None = None)
     cfg.validate()
     jobs = plan_jobs(cfg)
     t0 = time.perf_counter()
-    results = execute(jobs, cfg.workers, progress)
+    results = execute(jobs, cfg.workers, progress, _run_job)
     wall_s = time.perf_counter() - t0
     rows = aggregate([r for r, j in zip(results, jobs, strict=True) if not j.sweep])
     sweep_rows = aggregate([r for r, j in zip(results, jobs, strict=True) if j.sweep])

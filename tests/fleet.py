@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import uvicorn
 from fake_openai import FakeServer
-from polling import wait_for
 from services import flush_runtime_dbs, wait_ready
 
 from coordinator.config import HacoSettings
@@ -108,29 +103,3 @@ def traffic(client: HacoClient, n: int = 6) -> None:
         client.invoke("writer", "hello", deadline_s=20, winner_mode=WinnerMode.FIRST)
     with contextlib.suppress(HedgeError):
         client.invoke("lost", "hello", deadline_s=0.5)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class UvicornThread:
-    """A real uvicorn server on a free port of 127.0.0.1, in a thread."""
-
-    def __init__(self, app: Any) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(app, port=port, log_level="warning", lifespan="on", ws="none")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run)
-
-    def __enter__(self) -> UvicornThread:
-        self.thread.start()
-        wait_for("uvicorn to start", lambda: self.server.started, 20.0)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20.0)

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +19,13 @@ from urllib.parse import quote
 import httpx
 import openai
 import pytest
-import uvicorn
 from fake_openai import ANSWER, FakeServer
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polling import wait_for
 from services import flush_runtime_dbs, wait_ready
+from web import UvicornThread
 
 from coordinator.api.app import create_app
 from coordinator.api.health import Readiness
@@ -75,34 +74,6 @@ read_timeout_s = {read_s}
     path = folder / f"pool-{len(zones)}.toml"
     path.write_text(f'caller_zone = "{ZONE}"\nzones = {zones!r}\n{cands}', encoding="utf-8")
     return path
-
-
-def free_port() -> int:
-    """A port free now on 127.0.0.1. (uvicorn is given the port, not a bound socket: on a
-    socket passed in, its connections wait out the peer's ~40 ms delayed ACKs.)"""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class UvicornThread:
-    """A real uvicorn server on a free port of 127.0.0.1, in a thread."""
-
-    def __init__(self, app: Any) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(app, port=port, log_level="warning", lifespan="on", ws="none")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run)
-
-    def __enter__(self) -> UvicornThread:
-        self.thread.start()
-        wait_for("uvicorn to start", lambda: self.server.started, 20.0)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20.0)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 from browser import chromium_page
-from fleet import DARK, ROLES, SERVED, Fleet, UvicornThread, fleet, traffic
+from fleet import DARK, ROLES, SERVED, Fleet, fleet, traffic
+from web import UvicornThread
 
 from coordinator.api.app import create_app
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 from polling import wait_for
+from web import free_port
 
 from coordinator.config import HacoSettings
 from coordinator.errors import DatabaseError, ServiceError
@@ -69,12 +69,6 @@ def dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_pidfile(state_dir: Path, pid: int, port: int) -> Path:

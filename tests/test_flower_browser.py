@@ -15,10 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 from browser import chromium_page
-from fleet import DARK, SERVED, Fleet, fleet, free_port, traffic
+from fleet import DARK, SERVED, Fleet, fleet, traffic
 from playwright.sync_api import Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from polling import wait_for
+from web import free_port
 
 from coordinator.services.flower import flower_argv
 from coordinator.state.keys import queue_for

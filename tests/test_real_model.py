@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 from services import flush_runtime_dbs, wait_ready
-from test_api import UvicornThread
+from web import UvicornThread
 
 from coordinator.api.app import create_app
 from coordinator.cli.demo_local import JUDGE_PROMPT, SCORE_FORMAT
