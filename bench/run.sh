@@ -11,6 +11,9 @@ mkdir -p out/bench
   --out out/bench/halflife > out/bench/halflife-figures.json
 "$haco" bench paper --scenario-file docs/examples/llmperf.toml --taus '' \
   --methods random,bestone,moa,haco,fixed-global,fixed-local > out/bench/llmperf-figures.json
+# Issue 10: the certificate's calibration per scenario and rule, and the cost frontier.
+"$haco" bench calibration --out out/bench/calibration > out/bench/calibration-figures.json
+"$haco" bench frontier --out out/bench/frontier > out/bench/frontier-figures.json
 # The runtime, ingest and recompute benches start their own servers and workers; they
 # use an embedded Redis unless HACO_REDIS_URL is set (see bench/README.md), and the
 # machine's Postgres (--pg-url) for the trace store.
