@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coordinator.core.cofailure import CoFailure, failure_score, fold_group
-from coordinator.core.evidence import PoolMember, build_view, link_id
+from coordinator.core.evidence import DependenceMemo, PoolMember, build_view, link_id
 from coordinator.core.methods import Method, PoolView
 from coordinator.core.observations import observations
 from coordinator.core.params import ProfileSettings
@@ -173,6 +173,7 @@ class Simulation:
         self.candidates: dict[str, CandidateProfile] = {}
         self.links: dict[str, LinkProfile] = {}
         self.cofailure = CoFailure()
+        self.dependence = DependenceMemo(self.settings)
         # End-to-end latencies of successes within the deadline, per candidate (the
         # hedge delay's window; the profiles keep processing latency only).
         self.e2e_latency_s: dict[str, deque[float]] = {}
@@ -190,7 +191,7 @@ class Simulation:
             self.links,
             request_bytes,
             self.settings,
-            cofailure=self.cofailure,
+            self.dependence.get(self.members[role], self.cofailure),
         )
 
     def _harvest(

@@ -4,6 +4,7 @@ restarts from the supervisor's status file."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,7 +93,8 @@ def test_watch_refreshes_until_ctrl_c(live: Fleet, monkeypatch: pytest.MonkeyPat
         if len(naps) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(zones_cli, "_nap", nap)
+    watch = zones_cli.watch_zones
+    monkeypatch.setattr(zones_cli, "watch_zones", functools.partial(watch, sleep=nap))
     res = CliRunner().invoke(app, ["zones", "--watch", "--interval", "0.5", "--timeout", "0.5"])
     assert res.exit_code == 0, res.output
     assert naps == [0.5, 0.5] and res.stdout == "" and DARK in res.stderr

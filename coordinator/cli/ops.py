@@ -7,6 +7,7 @@ import functools
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -40,7 +41,11 @@ def _worker_queue(settings: HacoSettings, zone: str | None, judge: bool) -> tupl
 
 
 def _wait_workers(
-    settings: HacoSettings, redis_url: str, zones: list[str], stop: threading.Event
+    settings: HacoSettings,
+    redis_url: str,
+    zones: list[str],
+    stop: threading.Event,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Until the worker of every zone answers a Celery ping (or up_ready_timeout_s, or
     Ctrl-C): then an invocation right after `haco up` finds every queue consumed."""
@@ -52,10 +57,10 @@ def _wait_workers(
     host = socket.gethostname()
     want = {f"haco-{z}@{host}" for z in zones if z != JUDGE_WORKER}
     app = sending_app(settings, redis_url)
-    deadline = time.monotonic() + settings.up_ready_timeout_s
+    deadline = clock() + settings.up_ready_timeout_s
     seen: set[str] = set()
     try:
-        while not want <= seen and not stop.is_set() and time.monotonic() < deadline:
+        while not want <= seen and not stop.is_set() and clock() < deadline:
             with contextlib.suppress(Exception):  # the broker may still be warming up
                 replies = app.control.ping(destination=sorted(want - seen), timeout=0.5)
                 seen |= {name for reply in replies for name in reply}

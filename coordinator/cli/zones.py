@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -21,10 +22,6 @@ if TYPE_CHECKING:
     from coordinator.runtime.zone_view import ZoneRow
 
 DEFAULT_WINDOW_S = 900.0
-
-
-def _nap(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 def _ms(x: float | None) -> str:
@@ -154,15 +151,20 @@ def zones_cmd(
         found.pop("_rows")
         print(json.dumps(found, indent=2))
         return
+    watch_zones(lambda: _render(collect(settings, wait_s, window)), interval)
+
+
+def watch_zones(
+    render: Callable[[], Any], interval_s: float, sleep: Callable[[float], object] = time.sleep
+) -> None:
+    """Redraw ``render()`` every ``interval_s`` until Ctrl-C (``sleep`` injectable)."""
     from rich.live import Live
 
     try:
-        with Live(
-            _render(collect(settings, wait_s, window)), console=err, auto_refresh=False
-        ) as live:
+        with Live(render(), console=err, auto_refresh=False) as live:
             while True:
-                _nap(interval)
-                live.update(_render(collect(settings, wait_s, window)), refresh=True)
+                sleep(interval_s)
+                live.update(render(), refresh=True)
     except KeyboardInterrupt:
         pass
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coordinator.core.params import DecayUnit, ProfileSettings
-from coordinator.core.profiles import decay_weight
+from coordinator.core.params import ProfileSettings
+from coordinator.core.profiles import decay_weight, merge_weight
 from coordinator.errors import InputError
 
 PairKey = tuple[str, str]
@@ -173,7 +173,7 @@ def merge(base: CoFailure, delta: CoFailure, settings: ProfileSettings) -> CoFai
         if b is None:
             pairs[key] = d
             continue
-        w = _merge_weight(settings, b, d)
+        w = merge_weight(settings, b.last_seen_s, d.observations, d.last_seen_s)
         pairs[key] = PairStats(
             b.n * w + d.n,
             b.s_a * w + d.s_a,
@@ -183,16 +183,6 @@ def merge(base: CoFailure, delta: CoFailure, settings: ProfileSettings) -> CoFai
             d.last_seen_s if d.last_seen_s is not None else b.last_seen_s,
         )
     return CoFailure(pairs)
-
-
-def _merge_weight(settings: ProfileSettings, base: PairStats, delta: PairStats) -> float:
-    """How much the base's sums decay while the delta's groups were folded."""
-    if math.isinf(settings.half_life) or base.last_seen_s is None:
-        return 1.0
-    if settings.decay_unit is DecayUnit.OBSERVATIONS:
-        return float(0.5 ** (delta.observations / settings.half_life))
-    last = delta.last_seen_s if delta.last_seen_s is not None else base.last_seen_s
-    return float(0.5 ** (max(0.0, last - base.last_seen_s) / settings.half_life))
 
 
 # -- from evidence to the domains of a pool ------------------------------------------

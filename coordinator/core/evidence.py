@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.core.cofailure import CoFailure, Member, dependence
+from coordinator.core.cofailure import CoFailure, Dependence, Member, dependence
 from coordinator.core.methods import PoolView
 from coordinator.core.params import ProfileSettings
 from coordinator.core.percentiles import median
@@ -126,16 +126,13 @@ def build_view(
     links: Mapping[str, LinkProfile],
     request_bytes: float,
     settings: ProfileSettings,
-    cofailure: CoFailure | None = None,
+    dep: Dependence | None = None,
 ) -> PoolView:
     """Everything a method may look at, from the profiles: the simulator and the live
-    runtime both decide through this, so a decision replays from the same evidence."""
+    runtime both decide through this, so a decision replays from the same evidence.
+    ``dep``: the pool's failure domains (:class:`DependenceMemo`)."""
     stats = build_arrays(pool, caller_zone, candidates, links, request_bytes, settings)
     profs = [candidates.get(m.candidate_id) for m in pool]
-    dep = None
-    if cofailure is not None and cofailure.pairs:
-        members = [Member(m.candidate_id, m.zone, m.model, m.endpoint) for m in pool]
-        dep = dependence(members, cofailure, settings)
     return PoolView(
         ids=[m.candidate_id for m in pool],
         zones=[m.zone for m in pool],
@@ -145,3 +142,25 @@ def build_view(
         mean_quality=np.array([(p.mean_quality or 0.0) if p else 0.0 for p in profs]),
         dependence=dep,
     )
+
+
+class DependenceMemo:
+    """The failure domains of each pool (coordinator.core.cofailure.dependence), worked
+    out again only when the co-failure evidence is another object: the runtime's changes
+    with each recompute's snapshot, not with each decision."""
+
+    def __init__(self, settings: ProfileSettings) -> None:
+        self.settings = settings
+        self._memo: dict[tuple[PoolMember, ...], tuple[CoFailure, Dependence | None]] = {}
+
+    def get(self, pool: Sequence[PoolMember], evidence: CoFailure | None) -> Dependence | None:
+        if evidence is None or not evidence.pairs:
+            return None
+        key = tuple(pool)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is evidence:
+            return hit[1]
+        members = [Member(m.candidate_id, m.zone, m.model, m.endpoint) for m in pool]
+        dep = dependence(members, evidence, self.settings)
+        self._memo[key] = (evidence, dep)
+        return dep

@@ -50,11 +50,19 @@ class JointModel:
         self.residual: FloatArray = np.clip(resid, 0.0, 1.0)
 
     def p_all_fail(self, members: npt.NDArray[np.intp]) -> float:
+        return self._p_all_fail(members, self.residual)
+
+    def p_shock_only(self, members: npt.NDArray[np.intp]) -> float:
+        """P(all of S fail) from shared causes alone (every residual 0): what no number
+        of members escapes."""
+        return self._p_all_fail(members, np.zeros_like(self.residual))
+
+    def _p_all_fail(self, members: npt.NDArray[np.intp], residual: FloatArray) -> float:
         if members.size == 0:
             return 1.0
         m = self.member[:, members]
         counts = m.sum(axis=1)
-        resid = self.residual[members].copy()
+        resid = residual[members].copy()
         single = counts == 1
         if single.any():  # a domain with one member of S is that member's own failure
             own = np.where(m[single], 1.0 - self.shock[single][:, None], 1.0).prod(axis=0)
@@ -66,16 +74,6 @@ class JointModel:
         partial = (counts >= 2) & ~full
         rest = _enumerate(self.shock[partial], m[partial], resid, self.max_domains)
         return 1.0 - shared_all + shared_all * rest
-
-    def p_shock_only(self, members: npt.NDArray[np.intp]) -> float:
-        """P(all of S fail) from shared causes alone (every residual 0): what no number
-        of members escapes."""
-        saved = self.residual
-        self.residual = np.zeros_like(saved)
-        try:
-            return self.p_all_fail(members)
-        finally:
-            self.residual = saved
 
 
 def _enumerate(shock: FloatArray, member: BoolArray, resid: FloatArray, cap: int) -> float:

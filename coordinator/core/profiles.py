@@ -337,7 +337,7 @@ def _join(a: Moments, b: Moments) -> Moments:
     return Moments(a.n + b.n, a.s1 + b.s1, a.s2 + b.s2)
 
 
-def _merge_weight(
+def merge_weight(
     settings: ProfileSettings,
     base_last_s: float | None,
     delta: int | float,
@@ -364,7 +364,7 @@ def merge_candidate(
         return base
     if base is None:
         return delta
-    w = _merge_weight(settings, base.last_seen_s, delta.observations, delta.last_seen_s)
+    w = merge_weight(settings, base.last_seen_s, delta.observations, delta.last_seen_s)
     recent = (*base.recent_latency_s, *delta.recent_latency_s)[-settings.latency_window :]
     return replace(
         base,
@@ -395,7 +395,7 @@ def merge_link(
         return base
     if base is None:
         return delta
-    w = _merge_weight(settings, base.last_seen_s, delta.observations, delta.last_seen_s)
+    w = merge_weight(settings, base.last_seen_s, delta.observations, delta.last_seen_s)
     recent = (*base.recent_bandwidth_Bps, *delta.recent_bandwidth_Bps)
     return replace(
         base,

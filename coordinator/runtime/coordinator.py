@@ -24,7 +24,7 @@ import numpy as np
 
 from coordinator.config import HacoSettings
 from coordinator.core.cofailure import CoFailure
-from coordinator.core.evidence import PoolMember, build_view, link_id, payload_bytes
+from coordinator.core.evidence import DependenceMemo, PoolMember, build_view, link_id, payload_bytes
 from coordinator.core.methods import Haco, PoolView
 from coordinator.core.params import PolicyParams, ProfileSettings
 from coordinator.core.stagger import Launch, Launcher
@@ -92,6 +92,7 @@ class Coordinator:
         # every cofailure_refresh_s.
         self._cofailure: CoFailure | None = None
         self._cofailure_at = -math.inf
+        self._dependence = DependenceMemo(self.profile_settings)
 
     # -- deciding ---------------------------------------------------------------------
     def view(self, role: str, request_bytes: float) -> tuple[list[Candidate], PoolView]:
@@ -107,7 +108,7 @@ class Coordinator:
         members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
         view = build_view(
             members, caller, profiles, links, request_bytes, self.profile_settings,
-            self.cofailure(),
+            self._dependence.get(members, self.cofailure()),
         )  # fmt: skip
         return cands, view
 

@@ -31,6 +31,7 @@ import contextlib
 import importlib
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from subprocess import DEVNULL, STDOUT, Popen, TimeoutExpired
@@ -172,7 +173,13 @@ class EmbeddedRedis:
     :meth:`stop` runs (``with`` block or ``atexit.register(handle.stop)``): a dropped
     handle leaves the server running, with its pidfile."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        self.clock, self.sleep = clock, sleep  # the readiness wait's (injectable)
         self.state_dir = Path(state_dir).absolute()  # the server runs in its own cwd
         self.server_dir = self.state_dir / SERVER_DIR_NAME
         self.log_path = self.server_dir / LOG_NAME
@@ -205,7 +212,7 @@ class EmbeddedRedis:
                 f"(pidfile {pidfile_path(self.state_dir)}); use it or stop it first"
             )
         binary = valkey_binary()
-        deadline_s = time.monotonic() + timeout_s
+        deadline_s = self.clock() + timeout_s
         for _ in range(LAUNCH_ATTEMPTS):
             port = _free_port()
             proc = self._launch(binary, port)
@@ -240,7 +247,7 @@ class EmbeddedRedis:
             binary = valkey_binary()
             proc = self._launch(binary, port, append_log=True)
             try:
-                if not self._wait_ready(proc, binary, port, time.monotonic() + timeout_s):
+                if not self._wait_ready(proc, binary, port, self.clock() + timeout_s):
                     raise ServiceError(f"{binary}: port {port} is taken, cannot restart there")
                 _pidfile(self.state_dir).write_json(asdict(_Record(proc.pid, port, _url(port))))
             except BaseException:
@@ -269,13 +276,13 @@ class EmbeddedRedis:
         while _server_pid(_url(port)) != proc.pid:
             if proc.poll() is not None and "Address already in use" in self._log_tail():
                 return False
-            if proc.poll() is not None or time.monotonic() >= deadline_s:
+            if proc.poll() is not None or self.clock() >= deadline_s:
                 status = "did not answer PING in time" if proc.returncode is None else "exited"
                 raise ServiceError(
                     f"{binary} {status} (port {port}, status {proc.returncode}, "
                     f"log {self.log_path}):\n{self._log_tail()}"
                 )
-            time.sleep(POLL_S)
+            self.sleep(POLL_S)
         return True
 
     def _log_tail(self) -> str:
