@@ -55,6 +55,7 @@ from coordinator.core.profiles import (
 from coordinator.errors import InputError, StoreError
 from coordinator.runtime.pool import default_pool
 from coordinator.state import epochs, keys
+from coordinator.state.memberops import MemberOutcome, ReportLimits
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import OutcomeLimits, RedisStore
 from coordinator.tracestore.db import connect
@@ -266,14 +267,17 @@ def make_trace(i: int, cand: str, rng: random.Random, now: float) -> MemberTrace
 
 
 def record(store: RedisStore, trace: MemberTrace, cfg: ProfileSettings = INF) -> None:
-    """What workers.member._harvest does, with the trace's own link reading."""
+    """What workers.member._report_and_harvest does (one script: reply, outcome claim,
+    fold, trace), with the trace's own link reading."""
     obs, legs = observations(trace)
     src, dst = trace.caller_zone, trace.zone
     report = MemberReport(trace=trace, output="x" if trace.success else None)
-    store.record_outcome(
-        trace.candidate_id, obs, link_id(src, dst), src, dst, legs,
-        report.model_dump_json(), cfg, LIMITS,
+    outcome = MemberOutcome(
+        trace.group_id, report.model_dump_json(), 60.0, True, f"outcome:{trace.member_id}",
+        "worker", trace.candidate_id, obs, link_id(src, dst), src, dst, legs,
     )  # fmt: skip
+    limits = ReportLimits(LIMITS.profile_ttl_s, LIMITS.trace_maxlen, LIMITS.trace_ttl_s)
+    assert store.report_member(outcome, cfg, limits)
 
 
 def _ts(at_s: float) -> datetime:
@@ -689,8 +693,8 @@ def test_the_worker_counts_what_the_recompute_reads_from_its_trace() -> None:
     from workers.member import (
         MemberContext,
         _commit_once,
-        _harvest,
         _report,
+        _report_and_harvest,
         _status,
     )
 
@@ -720,7 +724,7 @@ def test_the_worker_counts_what_the_recompute_reads_from_its_trace() -> None:
         )  # fmt: skip
         outcome = _commit_once(task, None, res, ctx)  # type: ignore[arg-type]
         report = _report(task, outcome, 1000.0 + i, 1000.5 + i, _status(outcome))
-        _harvest(task, res.link_observations, report, ctx)
+        _report_and_harvest(task, res.link_observations, report, ctx)
         traces.append(report.trace)
         obs = observations(report.trace)[0]
         assert obs is None or obs.delivered == res.delivered, i

@@ -118,6 +118,7 @@ class WorkerRuntime:
                     backends=self.backend_for,
                     settings=self.settings,
                     delays=RedisDelayWindow(client, self.settings),
+                    delays_in_store=True,  # the same Redis: one round trip per report
                     judge=self._judge_sender(),
                     cancels=RedisCancelWatcher(
                         client,

@@ -5,7 +5,8 @@ Order of work: check the group (a cancelled, resolved-and-cancelling or vanished
 member never starts; nor one past its deadline), run the backend with a cooperative
 cancel check, commit the side effect at most once per idempotency key, then report:
 the reply first (it is on the caller's critical path), then the shared profiles, the
-hedge-delay window and the trace stream (harvesting). Last, a success that came back
+hedge-delay window and the trace stream (harvesting). The start and the report are one
+Redis round trip each (coordinator.state.memberops). Last, a success that came back
 without a judged quality (a real backend) goes to the judge, when one is configured.
 """
 
@@ -25,7 +26,7 @@ from coordinator.errors import StoreError
 from coordinator.runtime import liveness
 from coordinator.runtime.ports import DelayWindow, RuntimeStore
 from coordinator.state.cancelwatch import CancelWatcher
-from coordinator.state.store import OutcomeLimits
+from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.backends.base import Backend, BackendResult, DeltaBackend, StopCheck
@@ -54,6 +55,9 @@ class MemberContext:
     # cancel check is in memory. None: the member reads its group's state at every check
     # (one Redis read per check: the polling a watcher replaces).
     cancels: CancelWatcher | None = None
+    # ``delays`` is the store's own window (RedisDelayWindow on the same Redis as a
+    # RedisStore): the report's script records the latency sample in the same round trip.
+    delays_in_store: bool = False
 
 
 def _not_started(task: MemberTask, kind: FailureKind, reason: str, now: float) -> MemberReport:
@@ -124,19 +128,22 @@ def _polling(store: RuntimeStore, group_id: str) -> StopCheck:
 
 def _execute(task: MemberTask, ctx: MemberContext, should_stop: StopCheck) -> MemberReport:
     store, now = ctx.store, ctx.clock()
-    state = store.group_state(task.group_id)  # the member's one read of its group
-    if state is None or state is GroupSignal.CANCELLED:
-        # Never started: the group is gone or cancelled. Its reply still goes back so a
-        # waiting coordinator knows; no profile learns from a call that did not happen.
-        report = _not_started(task, FailureKind.CANCELLED, f"group {state or 'gone'}", now)
-        _reply(task, report, ctx)
-        return report
-    if now > task.deadline_at_s:
-        report = _not_started(task, FailureKind.DEADLINE, "deadline passed before start", now)
-        _reply(task, report, ctx)
-        return report
-    if not _start(task, ctx):
-        report = _not_started(task, FailureKind.CANCELLED, DECLARED_LOST, now)
+    # The member's one read of its group, its start claim and its started token: one
+    # round trip (coordinator.state.memberops).
+    start = MemberStart(
+        task.group_id, liveness.start_key(task.member_id), liveness.started_token(task.rank),
+        liveness.WORKER, now > task.deadline_at_s, ctx.settings.group_ttl_s,
+    )  # fmt: skip
+    state, started = store.start_member(start)
+    if started is not Started.RUN:
+        # Never started. Its reply still goes back so a waiting coordinator knows; no
+        # profile learns from a call that did not happen.
+        if state is None or state is GroupSignal.CANCELLED:  # the group is gone or cancelled
+            report = _not_started(task, FailureKind.CANCELLED, f"group {state or 'gone'}", now)
+        elif started is Started.NOT_STARTED:
+            report = _not_started(task, FailureKind.DEADLINE, "deadline passed before start", now)
+        else:  # its coordinator declared it not started in time
+            report = _not_started(task, FailureKind.CANCELLED, DECLARED_LOST, now)
         _reply(task, report, ctx)
         return report
     backend = ctx.backends(task)
@@ -146,12 +153,10 @@ def _execute(task: MemberTask, ctx: MemberContext, should_stop: StopCheck) -> Me
     outcome = _commit_once(task, backend, result, ctx)
     finished = ctx.clock()
     report = _report(task, outcome, now, finished, _status(outcome))
-    _reply(task, report, ctx)
-    # Profiles learn from what the call did (coordinator.core.observations), even when its
-    # side effect was not committed because another member held the idempotency key first.
-    # ... unless its coordinator already recorded it as lost (never counted twice).
-    if _owns_outcome(task, ctx):
-        _harvest(task, result.link_observations, report, ctx)
+    # The reply, then what the call taught (coordinator.core.observations) — even when its
+    # side effect was not committed because another member held the idempotency key
+    # first — unless its coordinator already recorded it as lost (never counted twice).
+    _report_and_harvest(task, result.link_observations, report, ctx)
     _send_to_judge(task, report, ctx)
     return report
 
@@ -205,22 +210,6 @@ def _commit_once(
     return result
 
 
-def _start(task: MemberTask, ctx: MemberContext) -> bool:
-    """Claim the member's start (a coordinator that declared it not started in time holds
-    the claim: it never runs) and tell the coordinator it started (coordinator.runtime.
-    liveness)."""
-    ttl = ctx.settings.group_ttl_s
-    if not liveness.claim(ctx.store, liveness.start_key(task.member_id), liveness.WORKER, ttl):
-        return False
-    ctx.store.push_reply(task.group_id, liveness.started_token(task.rank), ttl)
-    return True
-
-
-def _owns_outcome(task: MemberTask, ctx: MemberContext) -> bool:
-    key, ttl = liveness.outcome_key(task.member_id), ctx.settings.group_ttl_s
-    return liveness.claim(ctx.store, key, liveness.WORKER, ttl)
-
-
 def _cool_down(task: MemberTask, ttl_s: float, ctx: MemberContext) -> None:
     try:
         ctx.store.set_cooldown(task.candidate.id, ttl_s, ctx.clock() + ttl_s)
@@ -232,20 +221,27 @@ def _reply(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:
     ctx.store.push_reply(task.group_id, report.model_dump_json(), ctx.settings.group_ttl_s)
 
 
-def _harvest(
+def _report_and_harvest(
     task: MemberTask, measured: list[LinkObservation], report: MemberReport, ctx: MemberContext
 ) -> None:
-    """What the trace tells (the one reading, with the link legs the backend measured)
-    into the shared profiles, a success's latency into the hedge-delay window."""
-    s = ctx.settings
+    """The reply and, when this worker owns the member's outcome, the one reading of the
+    trace (with the link legs the backend measured) into the shared profiles, a success's
+    latency into the hedge-delay window, and the trace itself: one atomic step, so the
+    trace's stream id and the profile epoch it was counted in agree, which the periodic
+    recompute relies on (coordinator.state.epochs)."""
+    s, store = ctx.settings, ctx.store
     obs, legs = observations(report.trace, measured)
-    if obs is not None and obs.failure is None and ctx.delays is not None:
-        ctx.delays.record(task.candidate.role, report.trace.latency_s)
-    # Profiles and trace in one transaction: the trace's stream id and the profile epoch
-    # it was counted in agree, which the periodic recompute relies on (coordinator.state.epochs).
+    latency = report.trace.latency_s
+    success = obs is not None and obs.failure is None and ctx.delays is not None
+    in_store = success and ctx.delays_in_store and store.records_delays
     src, dst = task.caller_zone, task.candidate.zone
-    limits = OutcomeLimits(s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s)
-    ctx.store.record_outcome(
-        task.candidate.id, obs, link_id(src, dst), src, dst, legs, report.model_dump_json(),
-        ctx.profile_settings, limits,
+    outcome = MemberOutcome(
+        task.group_id, report.model_dump_json(), s.group_ttl_s, True,
+        liveness.outcome_key(task.member_id), liveness.WORKER, task.candidate.id, obs,
+        link_id(src, dst), src, dst, legs, task.candidate.role,
+        latency if in_store else None, s.hedge_delay_window,
     )  # fmt: skip
+    limits = ReportLimits(s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s)
+    recorded = store.report_member(outcome, ctx.profile_settings, limits)
+    if recorded and success and not in_store and ctx.delays is not None:
+        ctx.delays.record(task.candidate.role, latency)

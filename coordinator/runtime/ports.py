@@ -18,6 +18,7 @@ from coordinator.core.profiles import (
     LinkProfile,
 )
 from coordinator.state.budget import BudgetSnapshot
+from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
 from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, OutcomeLimits
 from schemas.enums import GroupSignal
 from schemas.models import MemberTask
@@ -74,6 +75,13 @@ class RuntimeStore(Protocol):
         settings: ProfileSettings,
         limits: OutcomeLimits,
     ) -> None: ...
+    # The worker's hot path (coordinator.state.memberops): one round trip each.
+    records_delays: bool  # report_member can write the role's hedge-delay window
+
+    def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]: ...
+    def report_member(
+        self, o: MemberOutcome, settings: ProfileSettings, limits: ReportLimits
+    ) -> bool: ...
     def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None: ...
     def metrics(self) -> dict[str, int]: ...
     def close_group(self, close: GroupClose, limits: CloseLimits) -> GroupClosed:

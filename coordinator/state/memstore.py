@@ -21,6 +21,7 @@ from coordinator.core.profiles import (
     update_link_many,
 )
 from coordinator.state import keys
+from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
 from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, OutcomeLimits
 from schemas.enums import GroupSignal
 
@@ -231,6 +232,33 @@ class MemoryStore:
             if link_obs:
                 self.update_link(link_id, src, dst, link_obs, settings, limits.profile_ttl_s)
             self.append_trace(report, limits.trace_maxlen, limits.trace_ttl_s)
+
+    # The worker's hot path (coordinator.state.memberops): the same steps as the scripts.
+    records_delays = False  # the in-process delay window is the worker's (MemberContext)
+
+    def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]:
+        with self._lock:
+            state = self.states.get(s.group_id)
+            if state is None or state is GroupSignal.CANCELLED or s.past_deadline:
+                return state, Started.NOT_STARTED
+            if self.idem.setdefault(s.start_claim, s.owner) != s.owner:
+                return state, Started.DECLARED_LOST
+            self.push_reply(s.group_id, s.started_token, s.ttl_s)
+            return state, Started.RUN
+
+    def report_member(
+        self, o: MemberOutcome, settings: ProfileSettings, limits: ReportLimits
+    ) -> bool:
+        with self._lock:
+            self.push_reply(o.group_id, o.report, o.ttl_s)
+            if not o.harvest or self.idem.setdefault(o.outcome_claim, o.owner) != o.owner:
+                return False
+            if o.cand_obs is not None:
+                self.update_candidate(o.candidate_id, o.cand_obs, settings, limits.profile_ttl_s)
+            if o.link_obs:
+                self.update_link(o.link_id, o.src, o.dst, o.link_obs, settings, 0.0)
+            self.append_trace(o.report, limits.trace_maxlen, limits.trace_ttl_s)
+            return True
 
     def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None:
         with self._lock:

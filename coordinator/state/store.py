@@ -3,10 +3,12 @@
 Every state change that two processes can race on is atomic: the winner claim and the
 idempotency claim are ``SET NX``; a group's signal moves with one ``SET``; closing a group
 (its signal, winner claim, counters and verdict record) is one Lua script that acts once
-per group (:meth:`RedisStore.close_group`); a profile
-update is an optimistic ``WATCH``/``MULTI`` transaction that re-reads and re-applies the
-pure update of :mod:`coordinator.core.profiles` if another writer got there first. Every key
-is written with its TTL (see :mod:`coordinator.state.keys`).
+per group (:meth:`RedisStore.close_group`); a worker's report (reply, outcome claim,
+profile fold, trace) is one Lua script (:mod:`coordinator.state.memberops`); the rarer
+profile writes (a lost member, a late judgement) are optimistic ``WATCH``/``MULTI``
+transactions that re-read and re-apply the pure update of :mod:`coordinator.core.profiles`
+if another writer got there first. Every key is written with its TTL (see
+:mod:`coordinator.state.keys`).
 
 Profiles in Redis are a recomputed snapshot plus per-epoch deltas (:mod:`coordinator.
 epochs`): every profile write folds into the current epoch's delta, and a worker's outcome
@@ -49,6 +51,7 @@ from coordinator.state.epochs import (
     write_delta,
 )
 from coordinator.state.lua import lua
+from coordinator.state.memberops import RedisMemberOps
 from coordinator.state.outcomes import RedisOutcomes
 from schemas.enums import GroupSignal
 
@@ -131,7 +134,7 @@ def server_url(client: redis.Redis) -> str:
     return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
-class RedisStore(RedisOutcomes):
+class RedisStore(RedisOutcomes, RedisMemberOps):
     """The production backend. ``client`` must not decode responses (bytes in, bytes out).
     ``profile_settings`` is how deltas merge onto the snapshot (the workers' decay).
     Submitted invocations' outcomes: :class:`coordinator.state.outcomes.RedisOutcomes`."""

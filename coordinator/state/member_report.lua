@@ -1,0 +1,45 @@
+
+-- A member's report, in one round trip (workers/member.py; the fold is profile_fold.lua
+-- above): the reply first (the coordinator waits on it); then, when the member's worker
+-- owns its outcome (SET NX: a coordinator that recorded it lost holds the claim), the
+-- success's latency into the role's hedge-delay window, the observations folded into the
+-- current epoch's deltas, and the trace appended. One script, so the trace's stream id
+-- and the epoch it was counted in agree (coordinator/state/epochs.py).
+-- KEYS: 1 replies, 2 outcome claim, 3 profile epoch, 4 trace stream, 5 delay window.
+-- ARGV: 1 report JSON, 2 group TTL ms, 3 owner token, 4 harvest ('1' | '0'),
+--   5 delta prefix, 6 candidate id, 7 candidate observation JSON (''), 8 link id, 9 src,
+--   10 dst, 11 link observations JSON array (''), 12 decay, 13 half-life, 14 weight per
+--   observation, 15 latency window, 16 bandwidth window, 17 profile TTL ms,
+--   18 trace maxlen, 19 trace TTL ms, 20 latency for the delay window (''),
+--   21 delay window size.
+-- Returns 1 when the outcome was recorded, 0 when it was not this worker's to record.
+local ttl = tonumber(ARGV[2])
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl)
+if ARGV[4] ~= '1' then return 0 end
+if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ttl) then
+  if redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end
+end
+local prof_ttl = tonumber(ARGV[17])
+if ARGV[20] ~= '' then
+  redis.call('LPUSH', KEYS[5], ARGV[20])
+  redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[21]) - 1)
+  redis.call('PEXPIRE', KEYS[5], prof_ttl)
+end
+local cfg = {decay = ARGV[12], half_life = tonumber(ARGV[13]), w_obs = tonumber(ARGV[14]),
+             latency_window = tonumber(ARGV[15]), bandwidth_window = tonumber(ARGV[16])}
+local epoch = redis.call('GET', KEYS[3]) or '0'
+if ARGV[7] ~= '' then
+  local name = ARGV[5] .. ':' .. epoch .. ':cand:' .. ARGV[6]
+  local value = fold_candidate(redis.call('GET', name), ARGV[6], cjson.decode(ARGV[7]), cfg)
+  redis.call('SET', name, value, 'PX', prof_ttl)
+end
+if ARGV[11] ~= '' then
+  local name = ARGV[5] .. ':' .. epoch .. ':link:' .. ARGV[8]
+  local legs = cjson.decode(ARGV[11])
+  redis.call('SET', name, fold_link(redis.call('GET', name), ARGV[9], ARGV[10], legs, cfg),
+             'PX', prof_ttl)
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[18], '*', 'report', ARGV[1])
+redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[19]))
+return 1

@@ -1,0 +1,184 @@
+"""A member's two writes on the worker's hot path, one Redis round trip each.
+
+- :meth:`RedisMemberOps.start_member` (``member_start.lua``): the group's signal, the
+  start claim and the started token.
+- :meth:`RedisMemberOps.report_member` (``profile_fold.lua`` + ``member_report.lua``):
+  the reply, the outcome claim, the hedge-delay sample, the profile fold into the
+  current epoch's deltas and the trace, atomically. The fold runs in the script, so
+  concurrent workers never retry a transaction or queue on a lock.
+
+The in-memory twin is :class:`coordinator.state.memstore.MemoryStore`'s methods of the
+same names. Key names: :mod:`coordinator.state.keys` (``idempotency`` holds the start
+and outcome claims, ``delta_candidate`` / ``delta_link`` the deltas); the scripts build
+the delta names from ``keys.DELTA_PREFIX`` (one server, as :mod:`coordinator.state.epochs`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, TypeVar
+
+import redis
+
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.profiles import CandidateObservation, LinkObservation
+from coordinator.state import keys
+from coordinator.state.codec import text
+from coordinator.state.lua import lua
+from schemas.enums import GroupSignal
+
+_MS = 1000
+P = TypeVar("P")
+
+
+class Started(Enum):
+    """What a member's start found (workers.member acts on it)."""
+
+    RUN = 1  # claimed: the member runs
+    NOT_STARTED = 0  # its group is gone or cancelled, or its deadline passed
+    DECLARED_LOST = 2  # its coordinator declared it not started in time
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStart:
+    group_id: str
+    start_claim: str  # the claim's key (coordinator.runtime.liveness.start_key)
+    started_token: str  # pushed on the group's reply list when it starts
+    owner: str  # the claimant's token (liveness.WORKER)
+    past_deadline: bool  # the deadline passed before the start: do not start
+    ttl_s: float  # the group's TTL
+
+
+@dataclass(frozen=True, slots=True)
+class MemberOutcome:
+    """One member's report and, when ``harvest``, what it teaches (its observations)."""
+
+    group_id: str
+    report: str  # MemberReport JSON: the reply and the trace
+    ttl_s: float  # the group's TTL (the reply list, the outcome claim)
+    harvest: bool  # False: the reply only (a member that never started)
+    outcome_claim: str = ""  # the claim's key (liveness.outcome_key)
+    owner: str = ""
+    candidate_id: str = ""
+    cand_obs: CandidateObservation | None = None
+    link_id: str = ""
+    src: str = ""
+    dst: str = ""
+    link_obs: Sequence[LinkObservation] = ()
+    role: str = ""
+    delay_s: float | None = None  # a success's latency for the role's hedge-delay window
+    delay_window: int = 0  # the window's size (HacoSettings.hedge_delay_window)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportLimits:
+    """TTLs and caps a report is written with (HacoSettings')."""
+
+    profile_ttl_s: float
+    trace_maxlen: int
+    trace_ttl_s: float
+
+
+def _signal(raw: bytes | str) -> GroupSignal | None:
+    value = text(raw)
+    return GroupSignal(value) if value else None
+
+
+def candidate_json(o: CandidateObservation) -> str:
+    return json.dumps(
+        {
+            "at_s": o.at_s, "delivered": o.delivered,
+            "failure": None if o.failure is None else o.failure.value,
+            "quality": o.quality, "proc_latency_s": o.proc_latency_s,
+            "tokens_in": o.tokens_in, "tokens_out": o.tokens_out,
+        },
+        separators=(",", ":"),
+    )  # fmt: skip
+
+
+def legs_json(legs: Sequence[LinkObservation]) -> str:
+    return json.dumps(
+        [
+            {
+                "at_s": o.at_s, "bytes": o.bytes, "lost": o.lost,
+                "t_transfer_s": o.t_transfer_s, "rtt_s": o.rtt_s,
+                "can_be_lost": o.can_be_lost,
+            }
+            for o in legs
+        ],
+        separators=(",", ":"),
+    )  # fmt: skip
+
+
+def decay_args(settings: ProfileSettings) -> list[str | int | float]:
+    """The fold's settings as the script reads them (profile_fold.lua ``weight``)."""
+    if math.isinf(settings.half_life):
+        return ["none", 0, 1.0, settings.latency_window, settings.bandwidth_window]
+    unit = "observations" if settings.decay_unit is DecayUnit.OBSERVATIONS else "seconds"
+    # The per-observation weight as Python computes it (profiles.decay_weight), not Lua.
+    w_obs = float(0.5 ** (1.0 / settings.half_life))
+    return [unit, repr(settings.half_life), repr(w_obs), settings.latency_window,
+            settings.bandwidth_window]  # fmt: skip
+
+
+class RedisMemberOps:
+    """Needs ``self.r`` (a client that does not decode responses), ``self._guard``
+    (driver errors to StoreError) and ``self.profile_settings``: a RedisStore mixin."""
+
+    r: redis.Redis
+    profile_settings: ProfileSettings
+    _guard: Callable[..., Any]
+    records_delays = True  # report_member writes the hedge-delay window (keys.hedge_delay_window)
+
+    def _member_scripts(self) -> tuple[Any, Any]:
+        scripts: tuple[Any, Any] | None = getattr(self, "_member_scripts_cache", None)
+        if scripts is None:
+            scripts = (
+                self.r.register_script(lua("member_start")),
+                self.r.register_script(lua("profile_fold") + lua("member_report")),
+            )
+            self._member_scripts_cache = scripts
+        return scripts
+
+    def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]:
+        """The group's signal at the start, and whether the member runs."""
+        script = self._member_scripts()[0]
+        names = [keys.group_state(s.group_id), keys.idempotency(s.start_claim),
+                 keys.group_replies(s.group_id)]  # fmt: skip
+        args = [s.owner, max(1, int(s.ttl_s * _MS)), s.started_token, int(s.past_deadline)]
+
+        def run() -> tuple[GroupSignal | None, Started]:
+            state, code = script(keys=names, args=args)
+            return _signal(state), Started(int(code))
+
+        result: tuple[GroupSignal | None, Started] = self._guard("start a member", run)
+        return result
+
+    def report_member(
+        self, o: MemberOutcome, settings: ProfileSettings, limits: ReportLimits
+    ) -> bool:
+        """Reply, then (``harvest``, and the outcome is this worker's) delay sample,
+        profile fold and trace, in one script; True when the outcome was recorded."""
+        script = self._member_scripts()[1]
+        names = [
+            keys.group_replies(o.group_id), keys.idempotency(o.outcome_claim or "-"),
+            keys.PROFILE_EPOCH, keys.TRACES, keys.hedge_delay_window(o.role or "-"),
+        ]  # fmt: skip
+        args: list[str | int | float] = [
+            o.report, max(1, int(o.ttl_s * _MS)), o.owner, int(o.harvest), keys.DELTA_PREFIX,
+            o.candidate_id, "" if o.cand_obs is None else candidate_json(o.cand_obs),
+            o.link_id, o.src, o.dst, legs_json(o.link_obs) if o.link_obs else "",
+            *decay_args(settings), max(1, int(limits.profile_ttl_s * _MS)),
+            limits.trace_maxlen, max(1, int(limits.trace_ttl_s * _MS)),
+            "" if o.delay_s is None else repr(float(o.delay_s)), max(1, o.delay_window),
+        ]  # fmt: skip
+
+        def run() -> bool:
+            return bool(script(keys=names, args=args))
+
+        recorded: bool = self._guard("report a member", run)
+        return recorded

@@ -1,0 +1,248 @@
+"""The worker's two hot-path writes (coordinator.state.memberops): every semantic test runs
+on Redis (the scripts) and on the in-memory store; the Lua profile fold is checked
+against the pure Python fold (coordinator.core.profiles) on random observation runs."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import redis
+
+from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.profiles import (
+    CandidateObservation,
+    CandidateProfile,
+    LinkObservation,
+    LinkProfile,
+    update_candidate,
+    update_link_many,
+)
+from coordinator.runtime.ports import RuntimeStore
+from coordinator.state import keys
+from coordinator.state.codec import decode_candidate, decode_link
+from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
+from coordinator.state.memstore import MemoryStore
+from coordinator.state.store import RedisStore
+from schemas.enums import FailureKind, GroupSignal
+
+TTL = 60.0
+LIMITS = ReportLimits(profile_ttl_s=TTL, trace_maxlen=1000, trace_ttl_s=TTL)
+INF = ProfileSettings()
+
+
+@pytest.fixture(params=["redis", "memory"])
+def store(request: pytest.FixtureRequest) -> RuntimeStore:
+    if request.param == "redis":
+        return RedisStore(request.getfixturevalue("redis_db"))
+    return MemoryStore()
+
+
+def start(group: str = "g", past: bool = False) -> MemberStart:
+    return MemberStart(group, f"start:{group}.0", "started:0", "worker", past, TTL)
+
+
+def outcome(
+    group: str = "g",
+    harvest: bool = True,
+    cand_obs: CandidateObservation | None = None,
+    legs: tuple[LinkObservation, ...] = (),
+    delay_s: float | None = None,
+) -> MemberOutcome:
+    return MemberOutcome(
+        group, '{"report": 1}', TTL, harvest, f"outcome:{group}.0", "worker", "c1",
+        cand_obs, "a->b", "a", "b", legs, "coder", delay_s, 8,
+    )  # fmt: skip
+
+
+def replies(store: RuntimeStore, group: str) -> list[str]:
+    out = []
+    while (raw := store.pop_reply(group, 0)) is not None:
+        out.append(raw)
+    return out
+
+
+def profiles(store: RuntimeStore) -> tuple[CandidateProfile | None, LinkProfile | None]:
+    cands, links = store.load_profiles(["c1"], ["a->b"])
+    return cands.get("c1"), links.get("a->b")
+
+
+def trace_count(store: RuntimeStore) -> int:
+    if isinstance(store, MemoryStore):
+        return len(store.traces)
+    assert isinstance(store, RedisStore)
+    return int(store.r.xlen(keys.TRACES))
+
+
+OBS = CandidateObservation(1.0, True, None, 0.8, 0.25, 10, 20)
+LEG = LinkObservation(1.0, 1000.0, False, 0.001, 0.02)
+
+
+# ---------------------------------------------------------------- start_member
+
+
+def test_a_member_of_a_group_that_does_not_exist_does_not_start(store: RuntimeStore) -> None:
+    assert store.start_member(start()) == (None, Started.NOT_STARTED)
+    assert replies(store, "g") == []
+
+
+def test_a_member_of_a_cancelled_group_does_not_start(store: RuntimeStore) -> None:
+    store.set_group_state("g", GroupSignal.CANCELLED, TTL)
+    assert store.start_member(start()) == (GroupSignal.CANCELLED, Started.NOT_STARTED)
+    assert replies(store, "g") == []
+
+
+def test_a_member_past_its_deadline_does_not_start_nor_claim(store: RuntimeStore) -> None:
+    store.open_group("g", TTL)
+    assert store.start_member(start(past=True)) == (GroupSignal.OPEN, Started.NOT_STARTED)
+    # Its start was not claimed: the coordinator can still declare it not started.
+    assert store.claim_idempotency("start:g.0", "coordinator", TTL) == "coordinator"
+
+
+def test_a_started_member_claims_its_start_and_says_so(store: RuntimeStore) -> None:
+    store.open_group("g", TTL)
+    assert store.start_member(start()) == (GroupSignal.OPEN, Started.RUN)
+    assert replies(store, "g") == ["started:0"]
+    assert store.claim_idempotency("start:g.0", "coordinator", TTL) == "worker"
+    # A redelivered task (its worker died) starts again: the claim is its own.
+    assert store.start_member(start()) == (GroupSignal.OPEN, Started.RUN)
+
+
+def test_a_member_declared_lost_never_starts(store: RuntimeStore) -> None:
+    store.open_group("g", TTL)
+    store.claim_idempotency("start:g.0", "coordinator", TTL)
+    assert store.start_member(start()) == (GroupSignal.OPEN, Started.DECLARED_LOST)
+    assert replies(store, "g") == []
+
+
+# ---------------------------------------------------------------- report_member
+
+
+def test_a_report_without_harvest_is_a_reply_only(store: RuntimeStore) -> None:
+    assert store.report_member(outcome(harvest=False, cand_obs=OBS), INF, LIMITS) is False
+    assert replies(store, "g") == ['{"report": 1}']
+    assert profiles(store) == (None, None)
+    assert trace_count(store) == 0
+
+
+def test_a_report_records_profiles_and_trace_once(store: RuntimeStore) -> None:
+    assert store.report_member(outcome(cand_obs=OBS, legs=(LEG,)), INF, LIMITS) is True
+    assert replies(store, "g") == ['{"report": 1}']
+    cand, link = profiles(store)
+    assert cand == update_candidate(CandidateProfile("c1"), OBS, INF)
+    assert link == update_link_many(LinkProfile("a", "b"), [LEG], INF)
+    assert trace_count(store) == 1
+
+
+def test_an_outcome_the_coordinator_recorded_is_not_counted_again(store: RuntimeStore) -> None:
+    store.claim_idempotency("outcome:g.0", "coordinator", TTL)
+    assert store.report_member(outcome(cand_obs=OBS, legs=(LEG,)), INF, LIMITS) is False
+    assert replies(store, "g") == ['{"report": 1}']  # the coordinator still hears it
+    assert profiles(store) == (None, None)
+    assert trace_count(store) == 0
+
+
+def test_a_report_writes_the_delay_sample_when_the_store_keeps_the_window(
+    redis_db: redis.Redis,
+) -> None:
+    store = RedisStore(redis_db)
+    for i in range(10):
+        store.report_member(outcome(group=f"g{i}", cand_obs=OBS, delay_s=0.5 + i), INF, LIMITS)
+    window = [float(v) for v in redis_db.lrange(keys.hedge_delay_window("coder"), 0, -1)]
+    assert window == [9.5, 8.5, 7.5, 6.5, 5.5, 4.5, 3.5, 2.5]  # newest first, 8 kept
+    assert 0 < redis_db.pttl(keys.hedge_delay_window("coder")) <= TTL * 1000
+
+
+def test_report_keys_carry_their_ttl(redis_db: redis.Redis) -> None:
+    RedisStore(redis_db).report_member(outcome(cand_obs=OBS, legs=(LEG,)), INF, LIMITS)
+    for name in redis_db.keys("*"):
+        assert redis_db.pttl(name) > 0, name
+
+
+# ---------------------------------------------------------------- the Lua fold
+
+
+Run = tuple[CandidateObservation, list[LinkObservation]]
+
+
+def _random_runs(rng: random.Random, n: int) -> list[Run]:
+    kinds = [None, None, None, FailureKind.INTERNAL, FailureKind.NETWORK, FailureKind.DEADLINE]
+    t, out = 1000.0, []
+    for _ in range(n):
+        t += rng.choice([0.0, rng.expovariate(2.0), -rng.random() * 0.1])  # times go back too
+        failure = rng.choice(kinds)
+        delivered = failure is not FailureKind.NETWORK or rng.random() < 0.5
+        obs = CandidateObservation(
+            t, delivered, failure,
+            quality=rng.random() if failure is None and rng.random() < 0.8 else None,
+            proc_latency_s=rng.lognormvariate(0, 1) if rng.random() < 0.9 else None,
+            tokens_in=rng.randrange(0, 5000), tokens_out=rng.randrange(0, 5000),
+        )  # fmt: skip
+        legs = []
+        for _ in range(rng.randrange(0, 3)):
+            can = rng.random() < 0.8
+            lost = can and rng.random() < 0.1
+            t_tx = None if rng.random() < 0.1 else rng.uniform(0.0, 0.5)
+            rtt = None if rng.random() < 0.2 else rng.uniform(0.001, 0.3)
+            legs.append(LinkObservation(t, rng.uniform(100, 1e6), lost, t_tx, rtt, can))
+        out.append((obs, legs))
+    return out
+
+
+SETTINGS = {
+    "never forgets": ProfileSettings(latency_window=7, bandwidth_window=5),
+    "observations": ProfileSettings(half_life=13.0, decay_unit=DecayUnit.OBSERVATIONS),
+    "seconds": ProfileSettings(half_life=3.0, decay_unit=DecayUnit.SECONDS, latency_window=5),
+}
+
+
+def _close(a: object, b: object, exact: bool) -> bool:
+    if isinstance(a, float | int) and isinstance(b, float | int):
+        return a == b if exact else math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-300)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_close(x, y, exact) for x, y in zip(a, b, strict=True))
+    if hasattr(a, "__dataclass_fields__"):
+        names = a.__dataclass_fields__
+        return all(_close(getattr(a, k), getattr(b, k), exact) for k in names)
+    return a == b
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_script_fold_is_the_python_fold(redis_db: redis.Redis, name: str, seed: int) -> None:
+    settings = SETTINGS[name]
+    store = RedisStore(redis_db, settings)
+    cand, link = CandidateProfile("c1"), LinkProfile("a", "b")
+    for i, (obs, legs) in enumerate(_random_runs(random.Random(seed), 150)):
+        store.report_member(outcome(f"g{i}", cand_obs=obs, legs=tuple(legs)), settings, LIMITS)
+        cand = update_candidate(cand, obs, settings)
+        link = update_link_many(link, legs, settings)
+    got_c = decode_candidate(redis_db.get(keys.delta_candidate(0, "c1")) or b"")
+    got_l = decode_link(redis_db.get(keys.delta_link(0, "a->b")) or b"")
+    # Bit for bit without decay; with it, as close as two libm pow()s allow.
+    exact = name == "never forgets"
+    assert _close(got_c, cand, exact), (got_c, cand)
+    assert _close(got_l, link, exact), (got_l, link)
+
+
+def test_the_script_folds_onto_a_delta_the_python_writers_left(redis_db: redis.Redis) -> None:
+    """A lost member's record (coordinator) and a late judgement still go through the
+    WATCH/MULTI writers: the script folds on top of what they wrote, and they on top of it."""
+    store = RedisStore(redis_db)
+    lost = CandidateObservation(2.0, False, FailureKind.NETWORK)
+    store.update_candidate("c1", lost, INF, TTL)
+    store.report_member(outcome(cand_obs=OBS), INF, LIMITS)
+    store.apply_quality("c1", 0.3, INF, TTL, 3.0)
+    want = update_candidate(update_candidate(CandidateProfile("c1"), lost, INF), OBS, INF)
+    want_alpha = want.alpha + 0.3
+    got = profiles(store)[0]
+    assert got is not None
+    assert got.calls == 2 and got.alpha == want_alpha and got.network_failures == 1
+
+
+def test_the_script_folds_into_the_current_epoch(redis_db: redis.Redis) -> None:
+    redis_db.set(keys.PROFILE_EPOCH, 4)
+    RedisStore(redis_db).report_member(outcome(cand_obs=OBS, legs=(LEG,)), INF, LIMITS)
+    assert redis_db.exists(keys.delta_candidate(4, "c1"), keys.delta_link(4, "a->b")) == 2
+    assert not redis_db.exists(keys.delta_candidate(0, "c1"))
