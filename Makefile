@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit browser bench clean test-llm
+.PHONY: demo test lint typecheck unit browser bench bench-hotpath clean test-llm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ test-llm: $(STAMP) $(LLM_STAMP)
 
 bench: $(STAMP)
 	bench/run.sh $(BIN)/haco
+
+# Issue 12 only (runtime against its floors, growth curves, ingest, and the generated
+# block of docs/BENCHMARKS.md); `bench` runs these too, after the paper benchmarks.
+bench-hotpath: $(STAMP)
+	bench/run.sh hotpath $(BIN)/haco
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,10 @@ class Responder:
     def send(self, zone: str, task: MemberTask) -> None:
         loop = asyncio.get_running_loop()  # ainvoke sends from the event loop
         loop.call_later(self.hold_s, self.pool.submit, execute_member, task, self.ctx)
+
+    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+        for zone, task in items:
+            self.send(zone, task)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

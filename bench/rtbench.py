@@ -139,7 +139,7 @@ def bare_latency(svc: Services, n: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- 2. throughput
 
 
-def _load(
+def load_phase(
     call: Callable[[int], object],
     clients: int,
     warm_s: float,
@@ -186,6 +186,9 @@ def _load(
     }
 
 
+_load = load_phase  # the name bench/harvest_lag.py imports
+
+
 def throughput(svc: Services, clients: int, dur_s: float, rounds: int) -> dict[str, Any]:
     svc.start_haco()
     svc.start_bare()
@@ -213,7 +216,7 @@ def throughput(svc: Services, clients: int, dur_s: float, rounds: int) -> dict[s
         bare_call(0)  # readiness of the bare worker
         for _ in range(rounds):
             for name, call in phases.items():
-                res = _load(call, clients, 1.0, dur_s, svc.cpu)
+                res = load_phase(call, clients, 1.0, dur_s, svc.cpu)
                 res["tasks_per_s"] = (
                     res["calls_per_s"]
                     if name == "bare"

@@ -233,6 +233,14 @@ class TimedDispatcher(CeleryDispatcher):
         super().send(zone, task)
         self.marks.sent[task.group_id][task.rank] = (t0, time.time())
 
+    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+        # One round trip for the batch: each of its members was sent between its ends.
+        t0 = time.time()
+        super().send_many(items)
+        t1 = time.time()
+        for _, task in items:
+            self.marks.sent[task.group_id][task.rank] = (t0, t1)
+
 
 class TimedDelays(RedisDelayWindow):
     def __init__(self, client: redis.Redis, settings: HacoSettings, marks: Marks) -> None:
@@ -291,12 +299,16 @@ def read_traces(r: redis.Redis, since_ms: int = 0) -> dict[str, list[dict[str, A
 
 
 def count_stream(r: redis.Redis, t0: float, t1: float) -> int:
-    """Members that finished (appended their trace) between t0 and t1 (epoch seconds)."""
+    """Members that finished (appended their trace) between t0 and t1 (epoch seconds).
+
+    Only member traces count: the stream also holds one verdict entry per closed group
+    (keys.VERDICT_FIELD), which would add the groups/s to the member tasks/s."""
     n = 0
     start, end = f"{int(t0 * 1000)}-0", f"{int(t1 * 1000)}-0"
+    report = keys.REPORT_FIELD.encode()
     while True:
         batch = _xrange(r, start, end, 5000)
-        n += len(batch)
+        n += sum(1 for _, fields in batch if report in fields)
         if len(batch) < 5000:
             return n
         start = _after(batch[-1][0])

@@ -2,6 +2,7 @@
 with their floors: a raw Redis echo between two processes and a bare Celery app.
 
     python -m bench.runtime overhead|throughput|tail|loser|all [--n N] [--json PATH]
+    python -m bench.runtime growth planning [--levels 1,8,32,128] [--sizes 6,24,200]
 
 Starts what it needs (Redis from HACO_REDIS_URL, else an embedded server in a temp dir;
 `haco worker` subprocesses with HACO_POOL_FILE=bench/fixtures/runtime_pool.toml; the
@@ -24,21 +25,16 @@ from typing import Any
 
 from rich.table import Table
 
-from bench import rtbench, rttail
+from bench import hotpath_goals, rtbench, rtgrowth, rtplan, rttail
 from bench.console import err, show
+from bench.hotpath_goals import GOALS
 from bench.rtlib import Services, echo_floor, echo_peer, machine, server_info, summary_ms
 
-BENCHES = ("overhead", "throughput", "tail", "loser")
-DEFAULT_N = {"overhead": 1000, "tail": 1500, "loser": 200}
-GOALS = {
-    "overhead_p50_ms": 1.5,
-    "overhead_p99_ms": 6.0,
-    "throughput_ratio": 0.9,
-    "tail_p99_over_oracle": 1.2,
-    "tail_extra_load": 0.05,
-    "loser_p50_ms": 10.0,
-    "loser_p95_ms": 30.0,
-}
+BENCHES = ("overhead", "throughput", "tail", "loser")  # `all`
+CURVES = ("growth", "planning")  # issue 12's growth curves, run by name
+DEFAULT_N = {"overhead": 1000, "tail": 1500, "loser": 200, "planning": 500}
+# --duration / --rounds unless given: long rounds at one level, short ones at four.
+DEFAULT_LOAD = {"throughput": (6.0, 2), "growth": (3.0, 1)}
 
 
 class Interrupted(Exception):
@@ -60,13 +56,19 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
     bare = rtbench.bare_latency(svc, n)
     one = rtbench.haco_latency(svc, "one", n, {})
     two = rtbench.haco_latency(svc, "two", n, {**rtbench.HEDGED, "launch_mode": "parallel"})
-    res = {"n": n, "floor_echo": floor, "bare_celery_roundtrip": bare, "haco_1": one, "haco_2": two}
-    res["met"] = {
-        k: v["overhead"]["p50_ms"] <= GOALS["overhead_p50_ms"]
-        and v["overhead"]["p99_ms"] <= GOALS["overhead_p99_ms"]
-        for k, v in (("haco_1", one), ("haco_2", two))
+    res: dict[str, Any] = {
+        "n": n,
+        "floor_echo": floor,
+        "bare_celery_roundtrip": bare,
+        "haco_1": one,
+        "haco_2": two,
     }
-    t = Table(title=f"dispatch overhead, ms (n={n} sequential calls; goal p50 ≤ 1.5, p99 ≤ 6)")
+    res["goals"] = hotpath_goals.overhead_goals(res)
+    res["met"] = {k: res["goals"][k] for k in ("haco_1", "haco_2")}
+    t = Table(
+        title=f"dispatch overhead, ms (n={n} sequential calls; goal 1 member p50 ≤ 0.75× bare "
+        "p50, p99 ≤ bare p99; 2 members ≤ 1.2× 1 member)"
+    )
     for c in ("what", "p50", "p90", "p99", "max"):
         t.add_column(c, justify="left" if c == "what" else "right")
 
@@ -97,18 +99,20 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_throughput(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
-    res = rtbench.throughput(svc, args.clients, args.duration, args.rounds)
-    res["met"] = {k: v >= GOALS["throughput_ratio"] for k, v in res["ratio_to_bare"].items()}
+    dur, rounds = _load_args(args, "throughput")
+    res = rtbench.throughput(svc, args.clients, dur, rounds)
+    res["goals"] = hotpath_goals.throughput_goals(res)
+    res["met"] = {k: v["throughput_met"] and v["worker_cpu_met"] for k, v in res["goals"].items()}
     t = Table(
         title=f"throughput, member tasks/s ({args.clients} client threads, "
-        f"{args.rounds}×{args.duration:g} s per system, worker concurrency {svc.concurrency}; "
-        "goal ≥ 90% of bare)"
+        f"{rounds}×{dur:g} s per system, worker concurrency {svc.concurrency}; "
+        "goal ≥ 90% of bare, worker CPU/task ≤ 1.2× bare)"
     )
     cols = ("system", "tasks/s (median)", "groups/s", "vs bare", "per round")
     for c in (*cols, "CPU ms/task: client · worker · redis", "ceiling/s: worker · 2 cores"):
         t.add_column(c, justify="left" if c == "system" else "right")
     for k, v in res["median_tasks_per_s"].items():
-        rounds = ", ".join(f"{x['tasks_per_s']:.0f}" for x in res["runs"][k])
+        per_round = ", ".join(f"{x['tasks_per_s']:.0f}" for x in res["runs"][k])
         ratio = res["ratio_to_bare"].get(k)
         cpu = res["cpu_ms_per_task"][k]
         worker = cpu["worker_bare" if k == "bare" else "worker_local"]
@@ -117,7 +121,7 @@ def run_throughput(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
             f"{v:.0f}",
             f"{res['median_groups_per_s'][k]:.0f}",
             "—" if ratio is None else f"{ratio:.0%}",
-            rounds,
+            per_round,
             f"{cpu['client']:.2f} · {worker:.2f} · {cpu['redis']:.2f}",
             f"{res['ceiling_tasks_per_s'][k]['worker']:.0f} · "
             f"{res['ceiling_tasks_per_s'][k]['machine']:.0f}",
@@ -129,14 +133,18 @@ def run_throughput(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
 def run_tail(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
     n = args.n or DEFAULT_N["tail"]
     res = rttail.tail(svc, n, args.inflight)
-    stag = res["variants"]["staggered-p95-b5"]
-    res["met"] = (
-        stag["p99_over_oracle"] <= GOALS["tail_p99_over_oracle"]
-        and stag["extra_load"] <= GOALS["tail_extra_load"]
+    res["goals"] = hotpath_goals.tail_goals(res)
+    res["met"] = res["goals"]["met"]
+    g = res["goals"]
+    err.print(
+        f"staggered-p95-b5: p99 {g['p99_ms']:.1f} ms at {g['extra_load']:.1%} extra load; the "
+        f"ideal staggered launch at that load {_f(g['ideal_p99_ms_at_extra_load'], 1)} ms "
+        f"(ratio {_f(g['p99_over_ideal'])}, goal ≤ {GOALS['tail_p99_over_ideal']})"
     )
     t = Table(
         title=f"tail cut: backend 5 ms median / 200 ms p99 (n={n} per variant, interleaved, "
-        f"{args.inflight} in flight; goal staggered p99 ≤ 1.2× oracle at ≤ 5% extra load)"
+        f"{args.inflight} in flight; goal staggered p99 ≤ 1.05× the ideal staggered launch "
+        "at the same extra load, ≤ 5%)"
     )
     cols = ("variant", "p50 ms", "p99 ms", "p99/oracle", "extra load", "delay ms", "backups")
     for c in (*cols, "backup lag p50/p99", "winner backend p50/p99"):
@@ -186,9 +194,7 @@ def run_tail(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
 def run_loser(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
     n = args.n or DEFAULT_N["loser"]
     res = rtbench.loser(svc, n)
-    res["met"] = (
-        res["stop_p50_ms"] <= GOALS["loser_p50_ms"] and res["stop_p95_ms"] <= GOALS["loser_p95_ms"]
-    )
+    res["met"] = hotpath_goals.loser_met(res)
     t = Table(
         title=f"loser stop time after the winner, ms (n={n}, 10 ms winner, 2 s loser, "
         "cancel_losers; goal p50 ≤ 10, p95 ≤ 30)"
@@ -207,11 +213,31 @@ def run_loser(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def run_growth(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
+    dur, rounds = _load_args(args, "growth")
+    res = rtgrowth.growth(svc, args.levels, dur, rounds)
+    rtgrowth.show_growth(res)
+    return res
+
+
+def run_planning(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
+    res = rtplan.planning(svc, args.sizes, args.n or DEFAULT_N["planning"])
+    rtplan.show_planning(res)
+    return res
+
+
+def _load_args(args: argparse.Namespace, bench: str) -> tuple[float, int]:
+    dur, rounds = DEFAULT_LOAD[bench]
+    return args.duration or dur, args.rounds or rounds
+
+
 RUNNERS: dict[str, Callable[[Services, argparse.Namespace], dict[str, Any]]] = {
     "overhead": run_overhead,
     "throughput": run_throughput,
     "tail": run_tail,
     "loser": run_loser,
+    "growth": run_growth,
+    "planning": run_planning,
 }
 
 
@@ -220,13 +246,20 @@ RUNNERS: dict[str, Callable[[Services, argparse.Namespace], dict[str, Any]]] = {
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("bench", choices=(*BENCHES, "all", "echo-peer"))
-    p.add_argument("--n", type=int, help="calls per case (overhead 1000, tail 1500, loser 200)")
+    p.add_argument(
+        "bench", nargs="+", choices=(*BENCHES, *CURVES, "all", "echo-peer"),
+        help="benchmarks to run in this order; all = the four issue-3 ones",
+    )  # fmt: skip
+    p.add_argument(
+        "--n", type=int, help="calls per case (overhead 1000, tail 1500, loser 200, planning 500)"
+    )
     p.add_argument("--json", type=Path, help="also write the JSON report here")
     p.add_argument("--concurrency", type=int, default=16, help="threads per worker")
     p.add_argument("--clients", type=int, default=32, help="throughput: groups in flight")
-    p.add_argument("--duration", type=float, default=6.0, help="throughput: s per round")
-    p.add_argument("--rounds", type=int, default=2, help="throughput: rounds per system")
+    p.add_argument("--duration", type=float, help="throughput (6), growth (3): s per round")
+    p.add_argument("--rounds", type=int, help="throughput (2), growth (1): rounds per system")
+    p.add_argument("--levels", type=_ints, default=rtgrowth.LEVELS, help="growth: in flight")
+    p.add_argument("--sizes", type=_ints, default=rtplan.SIZES, help="planning: pool sizes")
     p.add_argument("--inflight", type=int, default=1, help="tail: groups in flight")
     p.add_argument("--bare-events", action="store_true", help="bare worker sends events too")
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole run (s)")
@@ -237,20 +270,32 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    values = tuple(int(x) for x in text.split(",") if x.strip())
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers like 1,8,32")
+    return values
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise Interrupted(f"signal {signum}: stopping")
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    if args.bench == "echo-peer":
+    if args.bench == ["echo-peer"]:
         echo_peer(args.url)
         return 0
     for s in (signal.SIGTERM, signal.SIGALRM):
         signal.signal(s, _interrupt)
     signal.alarm(int(args.timeout))
-    names = BENCHES if args.bench == "all" else (args.bench,)
-    report: dict[str, Any] = {"machine": machine(), "goals": GOALS, "results": {}}
+    names = [b for name in args.bench for b in (BENCHES if name == "all" else (name,))]
+    report: dict[str, Any] = {
+        "command": " ".join(["python -m bench.runtime", *argv]),
+        "machine": machine(),
+        "goals": GOALS,
+        "results": {},
+    }
     with tempfile.TemporaryDirectory(prefix="haco-bench-") as tmp:
         svc = Services(Path(tmp), args.concurrency, args.bare_events)
         report["redis"] = {

@@ -191,6 +191,10 @@ class HacoSettings(BaseSettings):
     # The co-failure evidence comes with each recompute's snapshot; a coordinator looks
     # for a newer snapshot at most this often (one HGET), so deciding costs no read.
     cofailure_refresh_s: Seconds = 5.0
+    # A coordinator caches each profile it read until a write changes it (the store's
+    # version counters, keys.PROFILE_VERSIONS), and re-reads it after this long all the
+    # same: an expired delta changes a profile without a write.
+    profile_view_max_age_s: Seconds = 30.0
 
     # Celery. The broker's visibility timeout must exceed the longest deadline, or a
     # slow unacknowledged member would be redelivered to a second worker.
@@ -217,6 +221,9 @@ class HacoSettings(BaseSettings):
     metrics_hedge_size_buckets: tuple[Annotated[int, Field(ge=1)], ...] = (1, 2, 3, 4, 5, 6, 8)
     # Simulated backends run in real time scaled by this factor (0.01 = 100× faster).
     sim_time_scale: Annotated[float, Field(gt=0.0, le=100.0)] = 0.02
+    # Simulated backends read injected zone faults (keys.SIM_FAULTS, the demo's outage)
+    # at most this often per worker process, not once per member: a round trip saved.
+    sim_faults_refresh_s: Seconds = 0.5
     # Real model endpoints (workers/backends/openai.py): one HTTP connection pool per
     # worker process, big enough for every in-flight member (worker_concurrency) to hold
     # a connection; idle ones are kept up to http_max_keepalive, for

@@ -246,3 +246,74 @@ def test_the_script_folds_into_the_current_epoch(redis_db: redis.Redis) -> None:
     RedisStore(redis_db).report_member(outcome(cand_obs=OBS, legs=(LEG,)), INF, LIMITS)
     assert redis_db.exists(keys.delta_candidate(4, "c1"), keys.delta_link(4, "a->b")) == 2
     assert not redis_db.exists(keys.delta_candidate(0, "c1"))
+
+
+# ---------------------------------------------------------------- read_for_plan
+
+
+def _plan_read(store: RuntimeStore, open_group: str | None = None) -> tuple[object, ...]:
+    got = store.read_for_plan(["c1", "c2"], ["a->b"], open_group, TTL)
+    return got.candidates, got.links, got.cooling
+
+
+def test_the_plan_read_is_the_profiles_the_cooldowns_and_the_open_group(
+    store: RuntimeStore,
+) -> None:
+    assert _plan_read(store) == ({}, {}, set())
+    store.report_member(outcome(cand_obs=OBS, legs=(LEG,)), INF, LIMITS)
+    store.set_cooldown("c2", TTL, 1e12)
+    cands, links = store.load_profiles(["c1", "c2"], ["a->b"])
+    assert _plan_read(store, open_group="g7") == (cands, links, {"c2"})
+    assert store.group_state("g7") is GroupSignal.OPEN
+    assert store.group_state("g8") is None  # nothing opened unless asked
+
+
+LOST = CandidateObservation(5.0, False, FailureKind.NETWORK)
+WRITES = {
+    "a worker's report": lambda s: s.report_member(outcome("h", cand_obs=OBS), INF, LIMITS),
+    "a lost member": lambda s: s.update_candidate("c1", LOST, INF, TTL),
+    "a late judgement": lambda s: s.apply_quality("c1", 0.1, INF, TTL, 1.0),
+    "a link write": lambda s: s.update_link("a->b", "a", "b", [LEG], INF, TTL),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+def test_a_cached_profile_is_read_again_after_every_kind_of_write(
+    redis_db: redis.Redis, write: str
+) -> None:
+    reader, writer = (
+        RedisStore(redis_db),
+        RedisStore(redis.Redis(connection_pool=redis_db.connection_pool)),
+    )
+    writer.report_member(outcome(cand_obs=OBS, legs=(LEG,)), INF, LIMITS)
+    first = _plan_read(reader)
+    assert _plan_read(reader) == first  # served from the cache: nothing changed
+    WRITES[write](writer)
+    assert _plan_read(reader)[:2] == writer.load_profiles(["c1", "c2"], ["a->b"])
+    assert _plan_read(reader) != first
+
+
+def test_a_cached_profile_follows_a_new_epoch_and_a_new_snapshot(redis_db: redis.Redis) -> None:
+    reader, writer = RedisStore(redis_db), RedisStore(redis_db)
+    writer.report_member(outcome(cand_obs=OBS), INF, LIMITS)
+    before = _plan_read(reader)
+    redis_db.incr(keys.PROFILE_EPOCH)  # a recompute sealed the epoch: deltas fold in anew
+    writer.report_member(outcome("h", cand_obs=OBS), INF, LIMITS)
+    after = _plan_read(reader)
+    assert after[:2] == writer.load_profiles(["c1", "c2"], ["a->b"])
+    cand = after[0]["c1"]  # type: ignore[index]
+    assert cand.calls == 2 and before != after
+    redis_db.hset(keys.PROFILE_SNAPSHOT, mapping={"version": 3, "epoch": 1})
+    assert _plan_read(reader)[:2] == writer.load_profiles(["c1", "c2"], ["a->b"])
+
+
+def test_a_cached_profile_is_read_again_after_its_max_age(redis_db: redis.Redis) -> None:
+    now = [100.0]
+    reader = RedisStore(redis_db, view_max_age_s=5.0)
+    reader.view_clock = lambda: now[0]
+    reader.report_member(outcome(cand_obs=OBS), INF, LIMITS)
+    assert "c1" in _plan_read(reader)[0]  # type: ignore[operator]
+    redis_db.delete(keys.delta_candidate(0, "c1"))  # expired: no write tells the cache
+    assert "c1" in _plan_read(reader)[0]  # type: ignore[operator]
+    now[0] += 5.0
+    assert _plan_read(reader)[0] == {}

@@ -335,7 +335,7 @@ def test_every_redis_key_has_a_ttl(client: redis.Redis) -> None:
     store.append_trace("{}", 1000, TTL)
     store.incr_metrics({"invocations": 1}, TTL)
     names = client.keys("*")
-    assert len(names) == 8  # state, replies, winner, idem, 2 profiles, traces, metrics
+    assert len(names) == 9  # state, replies, winner, idem, 2 profiles, versions, traces, metrics
     assert {k: client.ttl(k) > 0 for k in names} == dict.fromkeys(names, True)
 
 

@@ -15,7 +15,9 @@ the embedded Postgres). Counters ``judge_<outcome>`` go to ``keys.METRICS``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -80,9 +82,16 @@ class WorkerRuntime:
     """Per-process state of a worker, built on first use (no import-time side effects)."""
 
     def __init__(
-        self, settings: HacoSettings, redis_url: str, send_judge: JudgeSender | None = None
+        self,
+        settings: HacoSettings,
+        redis_url: str,
+        send_judge: JudgeSender | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
+        self._clock = clock
+        self._faults_seen: Mapping[str, float] = {}
+        self._faults_at = -math.inf  # when _faults_seen was read
         self.redis_url = redis_url
         self._lock = threading.RLock()
         self._ctx: MemberContext | None = None
@@ -186,8 +195,15 @@ class WorkerRuntime:
         return done
 
     def _faults(self) -> Mapping[str, float]:
+        now = self._clock()
+        with self._lock:
+            if now - self._faults_at < self.settings.sim_faults_refresh_s:
+                return self._faults_seen
         raw = self._redis().hgetall(keys.SIM_FAULTS)
-        return {text(k): float(v) for k, v in raw.items()}
+        faults = {text(k): float(v) for k, v in raw.items()}
+        with self._lock:
+            self._faults_seen, self._faults_at = faults, now
+        return faults
 
     def _effect(self, task: MemberTask) -> None:
         key = keys.sim_effects(task.idempotency_key or task.member_id)

@@ -273,10 +273,8 @@ async def run(coord: Coordinator, hub: ReplyHub, g: Group) -> InvocationResult:
     """A planned group's launches, wait and close (:func:`ainvoke`)."""
     queue = await hub.register(g.id)
     try:
-        coord.store.open_group(g.id, coord.settings.group_ttl_s)
+        coord._launch_initial(g)  # the group is open: Coordinator._plan opened it
         coord.budget.earn()
-        for launch in g.launcher.initial():
-            coord._launch(g, launch)
         v = await _wait(coord, g, queue)
         v = await _settle(coord, g, v, queue)
         return judging.annotate(coord._finish(g, v), g)

@@ -72,7 +72,7 @@ class HacoClient:
         self.pool = Pool(pool or pool_from_settings(self.settings))
         self.redis = redis.Redis.from_url(with_db(url, keys.APP_DB))
         self.app = sending_app(self.settings, url)
-        self.store = RedisStore(self.redis)
+        self.store = RedisStore(self.redis, view_max_age_s=self.settings.profile_view_max_age_s)
         self.coordinator = Coordinator(
             self.pool,
             self.store,

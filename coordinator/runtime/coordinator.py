@@ -36,7 +36,14 @@ from coordinator.errors import (
     WinnerConflictError,
 )
 from coordinator.runtime import judging
-from coordinator.runtime.group import Alarm, Group, group_verdict, metrics, summaries
+from coordinator.runtime.group import (
+    Alarm,
+    Group,
+    final_state,
+    group_verdict,
+    metrics,
+    summaries,
+)
 from coordinator.runtime.liveness import (
     LostRecorder,
     QueueWaits,
@@ -95,19 +102,23 @@ class Coordinator:
         self._dependence = DependenceMemo(self.profile_settings)
 
     # -- deciding ---------------------------------------------------------------------
-    def view(self, role: str, request_bytes: float) -> tuple[list[Candidate], PoolView]:
+    def view(
+        self, role: str, request_bytes: float, open_group: str | None = None
+    ) -> tuple[list[Candidate], PoolView]:
+        """The role's candidates (cooling ones left out) and the policy's view of them;
+        ``open_group`` is opened in the same round trip (RuntimeStore.read_for_plan)."""
         cands = self.pool.candidates(role)
         for c in cands:
             self.pool.check_zone(c.zone)
-        # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
-        cooling = self.store.cooling([c.id for c in cands])
-        cands = [c for c in cands if c.id not in cooling] or cands
         caller = self.pool.config.caller_zone
         lids = sorted({link_id(caller, c.zone) for c in cands})
-        profiles, links = self.store.load_profiles([c.id for c in cands], lids)
+        ttl_s = self.settings.group_ttl_s
+        read = self.store.read_for_plan([c.id for c in cands], lids, open_group, ttl_s)
+        # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
+        cands = [c for c in cands if c.id not in read.cooling] or cands
         members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
         view = build_view(
-            members, caller, profiles, links, request_bytes, self.profile_settings,
+            members, caller, read.candidates, read.links, request_bytes, self.profile_settings,
             self._dependence.get(members, self.cofailure()),
         )  # fmt: skip
         return cands, view
@@ -121,17 +132,19 @@ class Coordinator:
         return self._cofailure
 
     def _plan(self, inv: RoleInvocation, group_id: str | None = None) -> Group:
+        if not inv.idempotent and inv.require_hedge:  # refused before anything is written
+            raise NotIdempotentError(
+                f"role {inv.role!r}: the call is not idempotent (idempotent=false) but "
+                "require_hedge=true; a call with side effects cannot run on several candidates"
+            )
         call = self.pool.call_settings(inv, self.settings, self.params)
         request_bytes = payload_bytes(inv.payload)  # k: the JSON messages (spec §13)
-        cands, view = self.view(inv.role, request_bytes)
+        group_id = group_id or self.new_id()
+        # The group is opened by the same round trip that reads the profiles.
+        cands, view = self.view(inv.role, request_bytes, open_group=group_id)
         decision = Haco(call.params).decide(view, self.rng)
         members = decision.members
         if not inv.idempotent:
-            if inv.require_hedge:
-                raise NotIdempotentError(
-                    f"role {inv.role!r}: the call is not idempotent (idempotent=false) but "
-                    "require_hedge=true; a call with side effects cannot run on several candidates"
-                )
             members = members[:1]  # side effects: the best-ranked candidate alone
         t0 = self.clock()
         # The rolling delay is read only when a timer can use it (a Redis round trip).
@@ -143,7 +156,7 @@ class Coordinator:
         t_proc = [float(view.stats.t_proc_s[i]) for i in members]
         watch = watch_for(self.settings, self.waits, self.pool.config.sim, chosen, t_proc)
         return Group(
-            id=group_id or self.new_id(),
+            id=group_id,
             role=inv.role,
             call=call,
             decision=decision,
@@ -162,11 +175,9 @@ class Coordinator:
     def invoke(self, inv: RoleInvocation, group_id: str | None = None) -> InvocationResult:
         """Run ``inv`` to its verdict; ``group_id`` fixes the group's id (HacoClient.submit
         assigns it up front), else a new one is drawn."""
-        g = self._plan(inv, group_id)
-        self.store.open_group(g.id, self.settings.group_ttl_s)
-        self.budget.earn()
-        for launch in g.launcher.initial():
-            self._launch(g, launch)
+        g = self._plan(inv, group_id)  # the group is open: read_for_plan opened it
+        self._launch_initial(g)
+        self.budget.earn()  # after the launch: off the first member's path
         v = self._wait(g)
         # ``best`` waits for the judge when outputs came back unjudged (runtime.judging).
         evaluator = self.pool.config.evaluator is not None
@@ -174,13 +185,26 @@ class Coordinator:
         return judging.annotate(self._finish(g, v), g)
 
     def _launch(self, g: Group, launch: Launch) -> None:
+        prepared = self._prepare(g, launch)
+        if prepared is not None:
+            self.dispatcher.send(*prepared)
+
+    def _launch_initial(self, g: Group) -> None:
+        """The initial launches (also runtime.aio's) in one send_many: one round trip."""
+        sends = [p for x in g.launcher.initial() if (p := self._prepare(g, x)) is not None]
+        if sends:
+            self.dispatcher.send_many(sends)
+
+    def _prepare(self, g: Group, launch: Launch) -> tuple[str, MemberTask] | None:
+        """Charge ``launch`` (a backup) to the budget and note it launched; its (zone,
+        task) to send, or None when the budget refused it."""
         now = self.clock()
         if launch.charged:
             # A backup costs at least its input tokens; output tokens are not known yet.
             tokens = g.request_bytes / self.profile_settings.bytes_per_token
             if not self.budget.try_spend(1, tokens):
                 g.launcher.on_budget_refused()
-                return
+                return None
             g.backups += 1
         cand = g.candidates[launch.rank]
         d = g.decision
@@ -188,7 +212,7 @@ class Coordinator:
             group_id=g.id,
             member_id=g.member_id(launch.rank),
             rank=launch.rank,
-            candidate=self._with_sim(cand),
+            candidate=self.pool.as_sent(cand),
             caller_zone=self.pool.config.caller_zone,
             payload=g.payload.payload,
             deadline_at_s=g.deadline_at,
@@ -202,16 +226,7 @@ class Coordinator:
         g.watch.on_launch(launch.rank, now)
         g.launcher.on_launch(launch, now)
         g.state = GroupState.RUNNING
-        self.dispatcher.send(cand.zone, task)
-
-    def _with_sim(self, cand: Candidate) -> Candidate:
-        sim = self.pool.config.sim
-        if cand.backend.kind != "sim" or sim is None or "sim" in cand.backend.settings:
-            return cand
-        settings = {**cand.backend.settings, "sim": sim.model_dump(mode="json")}
-        return cand.model_copy(
-            update={"backend": cand.backend.model_copy(update={"settings": settings})}
-        )
+        return cand.zone, task
 
     def _reports(self, g: Group) -> list[Report | None]:
         """Reports of the launched prefix, relative to the group start."""
@@ -323,7 +338,7 @@ class Coordinator:
 
     def _finish(self, g: Group, v: Verdict) -> InvocationResult:
         now = self.clock()
-        state = self._state(g, v, now)
+        state = final_state(g, v.winner, now)
         # Past the deadline nothing more is awaited: stragglers are cancelled, and only
         # then recorded as lost (a kept member would report its own outcome later, and
         # recording it here too would count the call twice).
@@ -380,13 +395,6 @@ class Coordinator:
             members,
             g.backups,
         )
-
-    def _state(self, g: Group, v: Verdict, now: float) -> GroupState:
-        if v.winner is not None:
-            return GroupState.WON
-        if now >= g.deadline_at and any(g.reports[r] is None for r in range(g.launcher.launched)):
-            return GroupState.DEADLINE
-        return GroupState.ALL_FAILED
 
     def _record_lost(self, g: Group, now: float, cancel: bool) -> None:
         """Members launched without a report count against their candidate or its link

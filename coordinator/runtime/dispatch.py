@@ -1,30 +1,41 @@
 """Dispatchers: how a member task reaches a worker.
 
 :class:`CeleryDispatcher` puts it on its zone's queue by task name (the product): the
-runtime never imports the workers that define the task. :class:`ThreadDispatcher` runs
-it in this process on a thread pool through an injected runner (the workers' member
-code, wired by the caller) against the in-memory store: the second backend the runtime
-tests run through.
+runtime never imports the workers that define the task. It writes Celery's own messages
+(:mod:`coordinator.state.celery_wire`) straight into the broker's lists, every member
+of a batch in one Redis round trip, and falls back to ``app.send_task`` where those
+would differ from Celery's. :class:`ThreadDispatcher` runs it in this process on a
+thread pool through an injected runner (the workers' member code, wired by the caller)
+against the in-memory store: the second backend the runtime tests run through.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from celery import Celery
+import redis
+from celery import Celery, signals
 from kombu.exceptions import OperationalError
+from redis.backoff import ConstantBackoff
+from redis.retry import Retry
 
 from coordinator.config import HacoSettings
 from coordinator.errors import StoreError
 from coordinator.runtime.pool import check_zone
 from coordinator.state.broker import celery_conf
+from coordinator.state.celery_wire import MemberWire, wire_unsupported
 from coordinator.state.keys import MEMBER_TASK, queue_for
 from schemas.models import MemberTask
 
 MemberRunner = Callable[[MemberTask], object]
+
+# Celery's default publish retry (task_publish_retry_policy: 3 retries, 0.2 s apart at
+# most): a caller gets a StoreError within about 0.6 s while the broker is down, as
+# with send_task, rather than after redis-py's default (10 retries, up to 1 s apart).
+PUBLISH_RETRY = Retry(ConstantBackoff(0.2), 3)
 
 
 def sending_app(settings: HacoSettings, redis_url: str) -> Celery:
@@ -35,24 +46,99 @@ def sending_app(settings: HacoSettings, redis_url: str) -> Celery:
     return app
 
 
+def redacted(url: str) -> str:
+    """``url`` without its password, if it has one."""
+    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
+
+
+def _publish_hooked() -> bool:
+    """Something listens to Celery's publish signals (tracing that injects headers, for
+    one): only send_task sends them, so the members take it."""
+    return bool(signals.before_task_publish.receivers or signals.after_task_publish.receivers)
+
+
 class CeleryDispatcher:
-    def __init__(self, app: Any, zones: frozenset[str]) -> None:
+    """Members onto ``haco.zone.<zone>`` queues of ``app``'s Redis broker.
+
+    ``broker``: the Redis client on the broker's database (default: one from
+    ``app.conf.broker_url``, made here, closed by :meth:`close`)."""
+
+    def __init__(self, app: Any, zones: frozenset[str], broker: redis.Redis | None = None) -> None:
         self.app = app
         self.zones = zones
+        self.broker_url = redacted(str(app.conf.broker_url))
+        # Why members take send_task (events on, another broker …); None: the fast path.
+        self.fallback = wire_unsupported(app)
+        self.wire: MemberWire | None = None
+        self.redis: redis.Redis | None = None
+        if self.fallback is None:
+            self.wire = MemberWire.from_app(app, MEMBER_TASK)
+            self.redis = broker or redis.Redis.from_url(
+                str(app.conf.broker_url), retry=PUBLISH_RETRY
+            )
+        # Queues whose binding this dispatcher wrote (send_task declares once too).
+        self._declared: set[str] = set()
 
     def send(self, zone: str, task: MemberTask) -> None:
+        self._publish([(zone, task)])
+
+    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+        """Every (zone, member) of ``items`` in one round trip, in order: members of one
+        queue are taken in the order given."""
+        self._publish(items)
+
+    def _publish(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+        for zone, _ in items:
+            check_zone(zone, self.zones)
+        if self.wire is None or self.redis is None or _publish_hooked():
+            for zone, task in items:
+                self.send_task(zone, task)
+            return
+        wire = self.wire
+        reply_to = self.app.thread_oid
+        declared: list[str] = []
+        pipe = self.redis.pipeline(transaction=True)  # a group is queued whole or not at all
+        for zone, task in items:
+            queue = wire.queue(queue_for(zone))
+            if queue.name not in self._declared and queue.name not in declared:
+                # The queue's binding, as send_task declares it: kombu routes messages
+                # that name the exchange (celery call, other senders) by this table.
+                pipe.sadd(queue.binding_key, queue.binding)
+                pipe.sadd(queue.permanent_key, queue.binding)
+                declared.append(queue.name)
+            args = wire.encode_args([task.model_dump(mode="json")])
+            _, entry = wire.message(queue, args, reply_to)
+            pipe.lpush(queue.key, entry)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            members = ", ".join(f"{t.member_id} to {queue_for(z)}" for z, t in items)
+            lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+            why = "unreachable" if lost else "failing"
+            raise StoreError(
+                f"the Celery broker at {self.broker_url} is {why}, failed to send member "
+                f"{members}: {exc}"
+            ) from exc
+        finally:
+            pipe.reset()
+        self._declared.update(declared)
+
+    def send_task(self, zone: str, task: MemberTask) -> None:
+        """One member through Celery's own publish path (``app.send_task``)."""
         check_zone(zone, self.zones)
         try:
             self.app.send_task(
                 MEMBER_TASK, args=[task.model_dump(mode="json")], queue=queue_for(zone)
             )
         except OperationalError as exc:  # the broker is unreachable, after Celery's retries
-            # Without its password, if it has one.
-            broker = re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", str(self.app.conf.broker_url))
             raise StoreError(
-                f"the Celery broker at {broker} is unreachable, failed to send member "
-                f"{task.member_id} to {queue_for(zone)}: {exc}"
+                f"the Celery broker at {self.broker_url} is unreachable, failed to send "
+                f"member {task.member_id} to {queue_for(zone)}: {exc}"
             ) from exc
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis.close()
 
 
 class ThreadDispatcher:
@@ -65,6 +151,11 @@ class ThreadDispatcher:
     def send(self, zone: str, task: MemberTask) -> None:
         check_zone(zone, self.zones)
         self.futures.append(self.pool.submit(self.run, task))
+
+    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+        # No round trip to save; through send, so subclasses that hold tasks see each.
+        for zone, task in items:
+            self.send(zone, task)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

@@ -131,6 +131,16 @@ def group_verdict(
     )
 
 
+def final_state(g: Group, winner: int | None, now: float) -> GroupState:
+    """WON with a winner; else DEADLINE when a launched member is still unreported at
+    the deadline, ALL_FAILED when every launched member failed."""
+    if winner is not None:
+        return GroupState.WON
+    if now >= g.deadline_at and any(g.reports[r] is None for r in range(g.launcher.launched)):
+        return GroupState.DEADLINE
+    return GroupState.ALL_FAILED
+
+
 def metrics(g: Group, state: GroupState, winner_rank: int | None) -> dict[str, int]:
     """The operator counters a close adds (keys.METRICS)."""
     counts = {"invocations": 1, f"state:{state.value}": 1}

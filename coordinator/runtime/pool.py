@@ -104,6 +104,15 @@ class Pool:
         self.by_role: dict[str, list[Candidate]] = {}
         for c in config.candidates:
             self.by_role.setdefault(c.role, []).append(c)
+        # Each candidate as its member tasks carry it, built once (coordinator._prepare).
+        self._sent = {c.id: with_sim(c, config.sim) for c in config.candidates}
+
+    def as_sent(self, cand: Candidate) -> Candidate:
+        """``cand`` with the pool's [sim] section when simulated (:func:`with_sim`)."""
+        sent = self._sent.get(cand.id)
+        return (
+            sent if sent is not None and sent.role == cand.role else with_sim(cand, self.config.sim)
+        )
 
     def candidates(self, role: str) -> list[Candidate]:
         try:
@@ -147,3 +156,14 @@ def endpoint_host(candidate: Candidate) -> str:
     failure domain shared by every candidate behind it; "" when it has none (simulated)."""
     url = candidate.backend.settings.get("base_url") or candidate.backend.settings.get("endpoint")
     return (urlsplit(str(url)).hostname or "") if url else ""
+
+
+def with_sim(cand: Candidate, sim: SimSection | None) -> Candidate:
+    """A simulated candidate as its member task carries it: with the pool's ``[sim]``
+    section in its backend settings (the worker builds its simulated world from it)."""
+    if cand.backend.kind != "sim" or sim is None or "sim" in cand.backend.settings:
+        return cand
+    settings = {**cand.backend.settings, "sim": sim.model_dump(mode="json")}
+    return cand.model_copy(
+        update={"backend": cand.backend.model_copy(update={"settings": settings})}
+    )

@@ -19,6 +19,7 @@ from coordinator.core.profiles import (
 )
 from coordinator.state.budget import BudgetSnapshot
 from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
+from coordinator.state.profilecache import PlanRead
 from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, OutcomeLimits
 from schemas.enums import GroupSignal
 from schemas.models import MemberTask
@@ -49,6 +50,16 @@ class RuntimeStore(Protocol):
     def load_profiles(
         self, candidate_ids: Sequence[str], link_ids: Sequence[str]
     ) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]: ...
+    def read_for_plan(
+        self,
+        candidate_ids: Sequence[str],
+        link_ids: Sequence[str],
+        open_group: str | None = None,
+        group_ttl_s: float = 0.0,
+    ) -> PlanRead:
+        """Profiles and cooldowns of a role, and the group opened: one round trip."""
+        ...
+
     def load_cofailure(self) -> CoFailure | None: ...
     def update_candidate(
         self, candidate_id: str, obs: CandidateObservation, settings: ProfileSettings, ttl_s: float
@@ -75,6 +86,7 @@ class RuntimeStore(Protocol):
         settings: ProfileSettings,
         limits: OutcomeLimits,
     ) -> None: ...
+
     # The worker's hot path (coordinator.state.memberops): one round trip each.
     records_delays: bool  # report_member can write the role's hedge-delay window
 
@@ -128,3 +140,7 @@ class Dispatcher(Protocol):
     """Puts a member task on its zone's queue (Celery), or runs it in-process."""
 
     def send(self, zone: str, task: MemberTask) -> None: ...
+    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+        """Each (zone, task) of ``items``, in order, as :meth:`send` would; at once where
+        the backend can (one broker round trip for a group's initial members)."""
+        ...

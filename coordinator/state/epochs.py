@@ -28,6 +28,7 @@ names itself: it assumes one Redis server (no cluster), like the rest of HACO.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,8 +99,10 @@ def write_delta(r: redis.Redis, w: DeltaWrite, ttl_s: float) -> None:
         raw = pipe.get(keys.PROFILE_EPOCH)
         epoch = int(raw) if raw else 0
         writes: list[tuple[str, str]] = []
+        bumps: list[str] = []
         if w.candidate is not None:
             cid, fold = w.candidate
+            bumps.append(f"c:{cid}")
             name = keys.delta_candidate(epoch, cid)
             pipe.watch(name)
             cur = pipe.get(name)
@@ -107,6 +110,7 @@ def write_delta(r: redis.Redis, w: DeltaWrite, ttl_s: float) -> None:
             writes.append((name, encode(fold(prof))))
         if w.link is not None:
             lid, src, dst, fold_link = w.link
+            bumps.append(f"l:{lid}")
             name = keys.delta_link(epoch, lid)
             pipe.watch(name)
             cur = pipe.get(name)
@@ -115,6 +119,11 @@ def write_delta(r: redis.Redis, w: DeltaWrite, ttl_s: float) -> None:
         pipe.multi()
         for name, value in writes:
             pipe.set(name, value, px=px)
+        if bumps:  # readers' cached profiles of these ids are outdated (keys.PROFILE_VERSIONS)
+            pipe.hsetnx(keys.PROFILE_VERSIONS, "gen", f"{time.time():.6f}")
+            for f in bumps:
+                pipe.hincrby(keys.PROFILE_VERSIONS, f, 1)
+            pipe.pexpire(keys.PROFILE_VERSIONS, px)
         if w.trace is not None:
             pipe.xadd(keys.TRACES, {"report": w.trace}, maxlen=w.trace_maxlen, approximate=True)
             pipe.pexpire(keys.TRACES, int(w.trace_ttl_s * _MS))

@@ -162,6 +162,14 @@ covers), ``meta`` (JSON: created_at, half_life, window_s, counts), ``c:<candidat
 coordinator.core.cofailure.encode). Replaced as a whole in one MULTI, so readers see the old
 snapshot or the new one, never a mix. TTL: profile_ttl_s, refreshed by every recompute."""
 
+PROFILE_VERSIONS = f"{PREFIX}:prof:ver"
+"""Hash: a counter per profile (fields ``c:<candidate id>``, ``l:<link id>``) bumped by
+every write of its delta, and ``gen`` (the server time the hash was created, so counters
+that restart after an expiry never repeat an old token). A reader's cached profile stays
+valid while the snapshot version, the epochs and this counter are what it read
+(coordinator.state.profilecache). Writers: the worker's report script and the WATCH/MULTI
+profile writers (coordinator.state.epochs). TTL: profile_ttl_s, refreshed on write."""
+
 PROFILE_SEAL = f"{PREFIX}:prof:seal"
 """Hash: an epoch a recompute closed but has not published a snapshot for yet (fields
 ``epoch``, ``watermark``, ``sealed_ms``): the next recompute finishes it instead of opening

@@ -5,7 +5,8 @@
 -- success's latency into the role's hedge-delay window, the observations folded into the
 -- current epoch's deltas, and the trace appended. One script, so the trace's stream id
 -- and the epoch it was counted in agree (coordinator/state/epochs.py).
--- KEYS: 1 replies, 2 outcome claim, 3 profile epoch, 4 trace stream, 5 delay window.
+-- KEYS: 1 replies, 2 outcome claim, 3 profile epoch, 4 trace stream, 5 delay window,
+--   6 profile versions (coordinator/state/keys.py PROFILE_VERSIONS).
 -- ARGV: 1 report JSON, 2 group TTL ms, 3 owner token, 4 harvest ('1' | '0'),
 --   5 delta prefix, 6 candidate id, 7 candidate observation JSON (''), 8 link id, 9 src,
 --   10 dst, 11 link observations JSON array (''), 12 decay, 13 half-life, 14 weight per
@@ -29,16 +30,24 @@ end
 local cfg = {decay = ARGV[12], half_life = tonumber(ARGV[13]), w_obs = tonumber(ARGV[14]),
              latency_window = tonumber(ARGV[15]), bandwidth_window = tonumber(ARGV[16])}
 local epoch = redis.call('GET', KEYS[3]) or '0'
+local function bump(field)
+  local t = redis.call('TIME')
+  redis.call('HSETNX', KEYS[6], 'gen', t[1] .. '.' .. t[2])
+  redis.call('HINCRBY', KEYS[6], field, 1)
+  redis.call('PEXPIRE', KEYS[6], prof_ttl)
+end
 if ARGV[7] ~= '' then
   local name = ARGV[5] .. ':' .. epoch .. ':cand:' .. ARGV[6]
   local value = fold_candidate(redis.call('GET', name), ARGV[6], cjson.decode(ARGV[7]), cfg)
   redis.call('SET', name, value, 'PX', prof_ttl)
+  bump('c:' .. ARGV[6])
 end
 if ARGV[11] ~= '' then
   local name = ARGV[5] .. ':' .. epoch .. ':link:' .. ARGV[8]
   local legs = cjson.decode(ARGV[11])
   redis.call('SET', name, fold_link(redis.call('GET', name), ARGV[9], ARGV[10], legs, cfg),
              'PX', prof_ttl)
+  bump('l:' .. ARGV[8])
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[18], '*', 'report', ARGV[1])
 redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[19]))

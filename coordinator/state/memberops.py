@@ -167,6 +167,7 @@ class RedisMemberOps:
         names = [
             keys.group_replies(o.group_id), keys.idempotency(o.outcome_claim or "-"),
             keys.PROFILE_EPOCH, keys.TRACES, keys.hedge_delay_window(o.role or "-"),
+            keys.PROFILE_VERSIONS,
         ]  # fmt: skip
         args: list[str | int | float] = [
             o.report, max(1, int(o.ttl_s * _MS)), o.owner, int(o.harvest), keys.DELTA_PREFIX,

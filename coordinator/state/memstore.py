@@ -22,6 +22,7 @@ from coordinator.core.profiles import (
 )
 from coordinator.state import keys
 from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
+from coordinator.state.profilecache import PlanRead
 from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, OutcomeLimits
 from schemas.enums import GroupSignal
 
@@ -232,6 +233,21 @@ class MemoryStore:
             if link_obs:
                 self.update_link(link_id, src, dst, link_obs, settings, limits.profile_ttl_s)
             self.append_trace(report, limits.trace_maxlen, limits.trace_ttl_s)
+
+    def read_for_plan(
+        self,
+        candidate_ids: Sequence[str],
+        link_ids: Sequence[str],
+        open_group: str | None = None,
+        group_ttl_s: float = 0.0,
+    ) -> PlanRead:
+        """As RedisStore.read_for_plan (coordinator.state.profilecache), in one lock."""
+        with self._lock:
+            cands, links = self.load_profiles(candidate_ids, link_ids)
+            cooling = self.cooling(candidate_ids)
+            if open_group is not None:
+                self.open_group(open_group, group_ttl_s)
+            return PlanRead(cands, links, cooling)
 
     # The worker's hot path (coordinator.state.memberops): the same steps as the scripts.
     records_delays = False  # the in-process delay window is the worker's (MemberContext)

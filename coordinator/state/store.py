@@ -53,6 +53,7 @@ from coordinator.state.epochs import (
 from coordinator.state.lua import lua
 from coordinator.state.memberops import RedisMemberOps
 from coordinator.state.outcomes import RedisOutcomes
+from coordinator.state.profilecache import RedisPlanReads
 from schemas.enums import GroupSignal
 
 _MS = 1000
@@ -134,16 +135,20 @@ def server_url(client: redis.Redis) -> str:
     return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
-class RedisStore(RedisOutcomes, RedisMemberOps):
+class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads):
     """The production backend. ``client`` must not decode responses (bytes in, bytes out).
     ``profile_settings`` is how deltas merge onto the snapshot (the workers' decay).
     Submitted invocations' outcomes: :class:`coordinator.state.outcomes.RedisOutcomes`."""
 
     def __init__(
-        self, client: redis.Redis, profile_settings: ProfileSettings | None = None
+        self,
+        client: redis.Redis,
+        profile_settings: ProfileSettings | None = None,
+        view_max_age_s: float = 30.0,  # HacoSettings.profile_view_max_age_s
     ) -> None:
         self.r = client
         self.profile_settings = profile_settings or ProfileSettings()
+        self.view_max_age_s = view_max_age_s
         self._close = client.register_script(lua("close_group"))  # EVALSHA: sent once
         # Threads of one worker that fold into the same delta key would make each other's
         # WATCH fail and retry; queueing them on a per-key lock in the process costs less.

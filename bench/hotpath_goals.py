@@ -1,0 +1,142 @@
+"""Issue 12's goals, each relative to a floor or to bare Celery measured in the same run.
+
+One place computes whether a goal is met, from the numbers of a report's JSON: the run
+that produced them (bench/runtime.py) and the report that renders them
+(bench/hotpath_report.py) agree by construction. A figure that is missing gives None
+(not measured), never False.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+GOALS: dict[str, float] = {
+    # dispatch overhead, 1 member: p50 ≤ 0.75 × bare Celery's round trip p50, p99 ≤ bare p99
+    "overhead_p50_over_bare_p50": 0.75,
+    "overhead_p99_over_bare_p99": 1.0,
+    # dispatch overhead, 2 members: p50 and p99 each ≤ 1.2 × the 1-member figure
+    "two_over_one": 1.2,
+    # member tasks/s with 32 groups in flight ≥ 90 % of bare Celery's
+    "throughput_ratio": 0.9,
+    # worker CPU per member task ≤ 1.2 × bare Celery's worker CPU per task
+    "worker_cpu_over_bare": 1.2,
+    # trace ingest through one harvester
+    "ingest_traces_per_s": 50_000.0,
+    # staggered tail: p99 ≤ 1.05 × the ideal staggered launch at the same extra load, at
+    # ≤ 5 % extra load
+    "tail_p99_over_ideal": 1.05,
+    "tail_extra_load": 0.05,
+    # issue 3's loser stop time (no issue-12 figure replaces it)
+    "loser_p50_ms": 10.0,
+    "loser_p95_ms": 30.0,
+}
+
+Json = Mapping[str, Any]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def overhead_goals(res: Json) -> dict[str, Any]:
+    """The dispatch overhead's ratios to bare Celery and of 2 members to 1, and the verdicts."""
+    one, two = res["haco_1"]["overhead"], res["haco_2"]["overhead"]
+    bare = res["bare_celery_roundtrip"]
+    p50 = _ratio(one["p50_ms"], bare["p50_ms"])
+    p99 = _ratio(one["p99_ms"], bare["p99_ms"])
+    two50 = _ratio(two["p50_ms"], one["p50_ms"])
+    two99 = _ratio(two["p99_ms"], one["p99_ms"])
+    met1 = met2 = None
+    if p50 is not None and p99 is not None:
+        met1 = (
+            p50 <= GOALS["overhead_p50_over_bare_p50"]
+            and p99 <= GOALS["overhead_p99_over_bare_p99"]
+        )
+    if two50 is not None and two99 is not None:
+        met2 = two50 <= GOALS["two_over_one"] and two99 <= GOALS["two_over_one"]
+    return {
+        "overhead_p50_over_bare_p50": p50,
+        "overhead_p99_over_bare_p99": p99,
+        "two_over_one_p50": two50,
+        "two_over_one_p99": two99,
+        "haco_1": met1,
+        "haco_2": met2,
+    }
+
+
+def worker_cpu(res: Json, system: str) -> float | None:
+    """Worker CPU ms per member task of ``system`` (bare, haco-1, haco-2) in a throughput."""
+    cpu = res.get("cpu_ms_per_task", {}).get(system)
+    if cpu is None:
+        return None
+    value = cpu.get("worker_bare" if system == "bare" else "worker_local")
+    return None if value is None else float(value)
+
+
+def throughput_goals(res: Json) -> dict[str, Any]:
+    """Tasks/s and worker CPU per task of each HACO system against bare Celery's."""
+    bare_tps = res["median_tasks_per_s"].get("bare")
+    bare_cpu = worker_cpu(res, "bare")
+    out: dict[str, Any] = {}
+    for system, tps in res["median_tasks_per_s"].items():
+        if system == "bare":
+            continue
+        ratio = _ratio(tps, bare_tps)
+        cpu = _ratio(worker_cpu(res, system), bare_cpu)
+        out[system] = {
+            "throughput_ratio": ratio,
+            "throughput_met": None if ratio is None else ratio >= GOALS["throughput_ratio"],
+            "worker_cpu_over_bare": cpu,
+            "worker_cpu_met": None if cpu is None else cpu <= GOALS["worker_cpu_over_bare"],
+        }
+    return out
+
+
+def ideal_at(curve: Sequence[Json], extra_load: float) -> float | None:
+    """p99 (ms) of the ideal staggered launch at ``extra_load``, on the offline curve.
+
+    Linear interpolation in extra load between the two neighbouring points of the curve
+    (its p99 falls as the extra load grows). Outside the curve, the nearest end: below its
+    smallest extra load the point with the smallest one (nearest not-smaller extra load),
+    above its largest the point with the largest.
+    """
+    pts = sorted((float(p["extra_load"]), float(p["p99_ms"])) for p in curve)
+    if not pts:
+        return None
+    if extra_load <= pts[0][0]:
+        return pts[0][1]
+    for (l0, p0), (l1, p1) in itertools.pairwise(pts):
+        if l0 <= extra_load <= l1:
+            return p0 if l1 == l0 else p0 + (p1 - p0) * (extra_load - l0) / (l1 - l0)
+    return pts[-1][1]
+
+
+def tail_goals(res: Json, variant: str = "staggered-p95-b5") -> dict[str, Any]:
+    """The staggered variant's p99 against the ideal staggered launch at its extra load."""
+    v = res["variants"][variant]
+    ideal = ideal_at(res.get("offline_staggered_curve", []), float(v["extra_load"]))
+    ratio = _ratio(v["p99_ms"], ideal)
+    met = None
+    if ratio is not None:
+        met = ratio <= GOALS["tail_p99_over_ideal"] and v["extra_load"] <= GOALS["tail_extra_load"]
+    return {
+        "variant": variant,
+        "p99_ms": v["p99_ms"],
+        "extra_load": v["extra_load"],
+        "ideal_p99_ms_at_extra_load": ideal,
+        "p99_over_ideal": ratio,
+        "met": met,
+    }
+
+
+def ingest_goals(res: Json) -> dict[str, Any]:
+    tps = float(res["harvest"]["traces_per_s"])
+    return {"traces_per_s": tps, "met": tps >= GOALS["ingest_traces_per_s"]}
+
+
+def loser_met(res: Json) -> bool:
+    return bool(
+        res["stop_p50_ms"] <= GOALS["loser_p50_ms"] and res["stop_p95_ms"] <= GOALS["loser_p95_ms"]
+    )

@@ -1,0 +1,269 @@
+"""Markdown tables of bench/hotpath_report.py: growth, CPU per task, planning, ingest and
+the machine, each from one benchmark JSON; a missing one renders as "not measured"."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bench.hotpath_goals import worker_cpu
+
+NA = "not measured"
+SYSTEMS = (("haco-1", "HACO, 1 member"), ("haco-2", "HACO, 2 members"), ("bare", "bare Celery"))
+PLAN_PARTS = (
+    ("profiles", "the plan's profile read (unchanged profiles cached)"),
+    ("profiles_uncached", "every profile read and decoded (`load_profiles`)"),
+    ("build_view", "view built from the profiles"),
+    ("view", "`Coordinator.view` (cooldowns + profiles + view)"),
+    ("decide", "`Haco.decide` (the allocation rule)"),
+    ("decide_with_domains", "`Haco.decide` with failure domains"),
+    ("plan", "`Coordinator._plan` (all of planning)"),
+)
+
+Json = Mapping[str, Any]
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def num(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{x:,.{digits}f}".replace(",", " ")
+
+
+def met(v: bool | None) -> str:
+    return NA if v is None else ("✔ met" if v else "✘ not met")
+
+
+def times(r: float | None) -> str:
+    return "—" if r is None else f"{r:.2f}×"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return out + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def results(report: Json | None, name: str) -> Json | None:
+    if report is None:
+        return None
+    res = report.get("results", {}).get(name)
+    return res if isinstance(res, Mapping) else None
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _cpu_cell(cpu: Json | None) -> str:
+    if not cpu:
+        return "—"
+    return " · ".join(num(cpu.get(p)) for p in ("client", "worker", "redis"))
+
+
+def cpu_section(tp: Json | None, growth: Json | None) -> list[str]:
+    """CPU ms per member task, client · worker · Redis, per system and load."""
+    header = ["system"]
+    cols: list[Json] = []
+    if tp is not None:
+        header.append(f"throughput bench, {tp['clients']} in flight")
+        cols.append(
+            {
+                k: {"client": v["client"], "worker": worker_cpu(tp, k), "redis": v["redis"]}
+                for k, v in tp["cpu_ms_per_task"].items()
+            }
+        )
+    for pt in (growth or {}).get("points", []):
+        header.append(f"growth, {pt['inflight']} in flight")
+        cols.append({k: v["cpu_ms_per_task"] for k, v in pt["systems"].items()})
+    if not cols:
+        return [NA]
+    rows = [[label, *(_cpu_cell(c.get(key)) for c in cols)] for key, label in SYSTEMS]
+    return table(header, rows)
+
+
+def growth_section(growth: Json | None) -> list[str]:
+    if growth is None:
+        return [NA]
+    rows = []
+    for pt in growth["points"]:
+        for key, label in SYSTEMS:
+            v = pt["systems"].get(key)
+            if v is None:
+                continue
+            o, lat, busy = v.get("overhead"), v["latency"], v["busy_cores"]
+            ratio = v.get("ratio_to_bare")
+            rows.append(
+                [
+                    str(pt["inflight"]),
+                    label,
+                    num(v["tasks_per_s"], 0),
+                    "—" if ratio is None else f"{ratio:.0%}",
+                    f"{num(lat['p50_ms'])} / {num(lat['p99_ms'])}",
+                    "—" if o is None else f"{num(o['p50_ms'])} / {num(o['p99_ms'])}",
+                    _cpu_cell(busy),
+                    str(v["n_errors"]),
+                ]
+            )
+    header = ["in flight", "system", "tasks/s", "vs bare", "group latency p50 / p99 ms"]
+    header += ["overhead p50 / p99 ms", "busy cores: client · worker · Redis", "errors"]
+    out = table(header, rows)
+    out += ["", *bend_lines(growth)]
+    return out
+
+
+def bend_lines(growth: Json) -> list[str]:
+    cores = growth.get("cpus") or 1
+    conc = growth.get("concurrency")
+    out = []
+    for key, label in SYSTEMS:
+        b = growth.get("bends", {}).get(key)
+        if b is None:
+            out.append(f"- {label}: tasks/s still grow by ≥ 10 % at every level measured.")
+            continue
+        if b["busiest_cores"] >= 0.8:
+            why = "near one core: the ceiling of one Python process (GIL)"
+        elif b["total_cores"] >= 0.8 * cores:
+            why = f"the machine's {cores} cores are nearly all busy"
+        else:
+            why = (
+                "no process near a core and the machine not full: the calls wait (the broker "
+                f"queue behind the worker's {conc} threads, the client's threads) or load "
+                "outside the bench takes the cores (see the load average below)"
+            )
+        out.append(
+            f"- {label}: the curve bends from {b['from']} to {b['to']} in flight "
+            f"({b['gain']:+.0%} tasks/s); busiest process there: the {b['busiest']} at "
+            f"{b['busiest_cores']:.2f} cores, all three {b['total_cores']:.2f} of {cores}; {why}."
+        )
+    out.append(
+        f"- The workers run {conc} threads each: beyond {conc} groups in flight (one member "
+        "each) tasks wait in the broker queue, so latency grows with the level while tasks/s "
+        "cannot; every client thread shares the caller's one process (GIL)."
+    )
+    return out
+
+
+def planning_section(plan: Json | None) -> list[str]:
+    if plan is None:
+        return [NA]
+    cases = plan["cases"]
+    header = ["µs, median / p99", *(f"{c['candidates']} candidates" for c in cases)]
+    rows = []
+    for key, label in PLAN_PARTS:
+        if not any(key in c["times"] for c in cases):
+            continue  # a part this run did not time
+
+        def cell(t: Json | None) -> str:
+            return "—" if t is None else f"{num(t['median_us'], 0)} / {num(t['p99_us'], 0)}"
+
+        rows.append([label, *(cell(c["times"].get(key)) for c in cases)])
+    rows.append(
+        [
+            "failure domains worked out, once per snapshot",
+            *(num(c["dependence_once_us"], 0) for c in cases),
+        ]
+    )
+    rows.append(
+        [
+            "hedge size (with domains)",
+            *(f"{c['hedge_size']} ({c['hedge_size_with_domains']})" for c in cases),
+        ]
+    )
+    out = table(header, rows)
+    b = plan.get("bend") or {}
+    if b:
+        out += ["", plan_bend_line(plan, b)]
+    return out
+
+
+def plan_bend_line(plan: Json, b: Json) -> str:
+    """How each part grows from the smallest pool to the largest, and its share there."""
+    cases = plan["cases"]
+    g, share = b["time_growth"], b["share_of_plan_at_largest"]
+
+    def grows(key: str) -> str:
+        return "—" if key not in g else f"×{g[key]:.1f}"
+
+    def part(key: str) -> str:
+        return "—" if key not in share else f"{share[key]:.0%}"
+
+    lo, hi = cases[0]["candidates"], cases[-1]["candidates"]
+    return (
+        f"From {lo} to {hi} candidates (×{b['size_growth']:.0f}): the plan's profile read "
+        f"grows {grows('profiles')} (uncached {grows('profiles_uncached')}), the view build "
+        f"{grows('build_view')}, the rule {grows('decide')} ({grows('decide_with_domains')} "
+        f"with failure domains), the whole plan {grows('plan')}. At {hi} candidates the "
+        f"profile read is {part('profiles')} of the plan (uncached, the read alone is "
+        f"{part('profiles_uncached')} of it), the view build {part('build_view')}, the rule "
+        f"{part('decide')}. Up to {plan['iters']} timed calls per part and size."
+    )
+
+
+def ingest_section(one: Json | None, two: Json | None) -> list[str]:
+    runs = [(h, r) for h, r in (("1 harvester", one), ("2 harvesters", two)) if r is not None]
+    if not runs:
+        return [NA]
+
+    def row(label: str, get: Any) -> list[str]:
+        return [label, *(get(r) for _, r in runs)]
+
+    rows = [
+        row("raw COPY into `members`, rows/s", lambda r: num(r["raw_copy"]["rows_per_s"], 0)),
+        row("XADD to the stream, entries/s", lambda r: num(r["stream_push"]["entries_per_s"], 0)),
+        row(
+            "stream → harvester → Postgres, traces/s",
+            lambda r: f"**{num(r['harvest']['traces_per_s'], 0)}**",
+        ),
+        row("harvest / raw COPY", lambda r: f"{r['harvest_vs_raw_copy']:.0%}"),
+        row(
+            "harvest lag: max stream length, oldest entry s",
+            lambda r: (
+                f"{r['harvest']['max_stream_len']}, {num(r['harvest']['max_oldest_entry_age_s'])}"
+            ),
+        ),
+        row("rows stored / traces", lambda r: f"{r['harvest']['rows_stored']} / {r['n']}"),
+    ]
+    return table(["path", *(h for h, _ in runs)], rows)
+
+
+def ingest_command(r: Json) -> str:
+    return (
+        f"python -m bench.ingest --n {r['n']} --batch {r['batch']} --harvesters {r['harvesters']}"
+    )
+
+
+def machine_section(inputs: Mapping[str, tuple[str, Json | None, str | None]]) -> list[str]:
+    """Per JSON: the command that produced it (``inputs``' own, else the JSON's), when,
+    on what. bench.ingest's JSON has no machine block: its cpus only."""
+    rows = []
+    for label, (path, data, given) in inputs.items():
+        if data is None:
+            rows.append([label, f"`{path}` missing", *("—",) * 5])
+            continue
+        command = given
+        if command is None:
+            command = ingest_command(data) if "harvest" in data else str(data.get("command", "?"))
+        m = data.get("machine") or {"cpus": data.get("cpus")}
+        redis = data.get("redis") or {}
+        load = " ".join(f"{x:.2f}" for x in m.get("loadavg", []))
+        after = " ".join(f"{x:.2f}" for x in m.get("loadavg_after", []))
+        rows.append(
+            [
+                label,
+                f"`{command} > {path}`" if "harvest" in data else f"`{command}`",
+                str(m.get("time") or "—"),
+                str(m.get("cpus") or "—"),
+                str(m.get("python") or "—"),
+                f"{redis['version']} ({redis.get('source', '?')})" if "version" in redis else "—",
+                f"{load} → {after}" if load else "—",
+            ]
+        )
+    header = [
+        "JSON",
+        "command",
+        "date",
+        "cpus",
+        "python",
+        "Redis",
+        "load avg 1/5/15 before → after",
+    ]
+    return table(header, rows)

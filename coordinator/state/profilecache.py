@@ -1,0 +1,122 @@
+"""The coordinator's read before it plans a group, one round trip (``plan_read.lua``):
+the role's effective profiles, which candidates are cooling down, and the group opened.
+
+Profiles are cached between changes. Each profile's token is the snapshot version, the
+snapshot's and the current epoch, and the profile's write counter
+(:data:`coordinator.state.keys.PROFILE_VERSIONS`, bumped by every delta write); the
+script sends values only for profiles whose token changed since this process read them,
+so an unchanged pool costs no transfer and no decoding. A cached profile is re-read after
+``max_age_s`` all the same: a delta that expired (``profile_ttl_s`` without a write)
+changes a profile without a write.
+
+The in-memory twin is :meth:`coordinator.state.memstore.MemoryStore.read_for_plan`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from coordinator.core.params import ProfileSettings
+from coordinator.core.profiles import CandidateProfile, LinkProfile, merge_candidate, merge_link
+from coordinator.state import keys
+from coordinator.state.codec import decode_candidate, decode_link, text
+from coordinator.state.lua import lua
+from schemas.enums import GroupSignal
+
+_MS = 1000
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRead:
+    candidates: dict[str, CandidateProfile]  # ids without evidence are absent
+    links: dict[str, LinkProfile]
+    cooling: set[str]  # candidates whose cooldown has not expired (keys.cooldown)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    token: str
+    profile: CandidateProfile | LinkProfile | None
+    read_at: float
+
+
+def _merged(values: Sequence[bytes | str], decode: Any, merge: Any, s: ProfileSettings) -> Any:
+    acc = None
+    for raw in values:
+        if raw:
+            acc = merge(acc, decode(raw), s)
+    return acc
+
+
+class RedisPlanReads:
+    """Needs ``self.r``, ``self._guard`` and ``self.profile_settings``: a RedisStore mixin.
+    ``view_max_age_s`` and ``view_clock`` may be set by the store's constructor."""
+
+    r: redis.Redis
+    profile_settings: ProfileSettings
+    _guard: Callable[..., Any]
+    view_max_age_s: float = 30.0
+    view_clock: Clock = time.monotonic
+
+    def _plan_state(self) -> tuple[Any, dict[str, _Entry], threading.Lock]:
+        state: tuple[Any, dict[str, _Entry], threading.Lock] | None
+        state = getattr(self, "_plan_cache", None)
+        if state is None:
+            state = (self.r.register_script(lua("plan_read")), {}, threading.Lock())
+            self._plan_cache = state
+        return state
+
+    def read_for_plan(
+        self,
+        candidate_ids: Sequence[str],
+        link_ids: Sequence[str],
+        open_group: str | None = None,
+        group_ttl_s: float = 0.0,
+    ) -> PlanRead:
+        """The profiles of ``candidate_ids`` and ``link_ids`` (snapshot + deltas, as
+        :meth:`RedisStore.load_view`), the cooling candidates, and ``open_group`` opened
+        with ``group_ttl_s`` (:meth:`RedisStore.open_group`) in the same script."""
+        script, cache, lock = self._plan_state()
+        fields = [f"c:{c}" for c in candidate_ids] + [f"l:{lk}" for lk in link_ids]
+        now = self.view_clock()
+        with lock:  # the entries this read relies on, as they are now
+            held = {f: cache.get(f) for f in fields}
+        known = [
+            e.token if e is not None and now - e.read_at < self.view_max_age_s else ""
+            for e in (held[f] for f in fields)
+        ]
+        ttl_ms = max(1, int(group_ttl_s * _MS)) if open_group is not None else 0
+        names = [keys.PROFILE_SNAPSHOT, keys.PROFILE_EPOCH, keys.PROFILE_VERSIONS,
+                 keys.group_state(open_group or "-")]  # fmt: skip
+        args: list[str | int] = [
+            keys.DELTA_PREFIX, len(candidate_ids), len(link_ids), keys.COOLDOWN_PREFIX,
+            ttl_ms, GroupSignal.OPEN.value, *candidate_ids, *link_ids, *known,
+        ]  # fmt: skip
+        got: Any = self._guard("read profiles", lambda: script(keys=names, args=args))
+        tokens, changed, cooling = got
+        fresh: dict[str, _Entry] = {}
+        s, nc = self.profile_settings, len(candidate_ids)
+        for j in range(0, len(changed), 2):
+            i = int(changed[j]) - 1
+            if i < nc:
+                prof = _merged(changed[j + 1], decode_candidate, merge_candidate, s)
+            else:
+                prof = _merged(changed[j + 1], decode_link, merge_link, s)
+            fresh[fields[i]] = _Entry(text(tokens[i]), prof, now)
+        if fresh:
+            with lock:
+                cache.update(fresh)
+        entries = [fresh.get(f) or held[f] for f in fields]
+        cands = {c: e.profile for c, e in zip(candidate_ids, entries[:nc], strict=True)
+                 if e is not None and isinstance(e.profile, CandidateProfile)}  # fmt: skip
+        links = {lk: e.profile for lk, e in zip(link_ids, entries[nc:], strict=True)
+                 if e is not None and isinstance(e.profile, LinkProfile)}  # fmt: skip
+        hot = {c for c, flag in zip(candidate_ids, cooling, strict=True) if int(flag)}
+        return PlanRead(cands, links, hot)

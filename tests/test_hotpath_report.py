@@ -1,0 +1,249 @@
+"""bench/hotpath_report.py: the issue-12 block of docs/BENCHMARKS.md, from fixture JSON."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.hotpath_goals import ideal_at, overhead_goals, tail_goals, throughput_goals
+from bench.hotpath_report import BEGIN, END, main
+
+DOC = """# Benchmarks
+
+Every figure here comes from a command under `bench/`.
+A second line of the intro.
+
+## Issue 2 — the allocation rule
+
+| pool | median |
+| --- | --- |
+| 6 | 23.0 µs |
+"""
+
+MACHINE = {"cpus": 2, "python": "3.11.9", "time": "2026-12-01T06:00:00+0000",
+           "loadavg": [0.1, 0.2, 0.3], "loadavg_after": [0.4, 0.5, 0.6]}  # fmt: skip
+
+
+def _pct(p50: float, p99: float) -> dict[str, float]:
+    return {"n": 100, "p50_ms": p50, "p90_ms": p50, "p99_ms": p99, "mean_ms": p50, "max_ms": p99}
+
+
+def _cpu(client: float, worker: float, redis: float, bare: bool = False) -> dict[str, float]:
+    return {"client": client, "worker_bare" if bare else "worker_local": worker, "redis": redis}
+
+
+RUNTIME: dict[str, Any] = {
+    "command": "python -m bench.runtime all --json out/bench/runtime.json",
+    "machine": MACHINE,
+    "redis": {"source": "embedded", "version": "7.2.4"},
+    "results": {
+        "overhead": {
+            "floor_echo": _pct(0.2, 0.5),
+            "bare_celery_roundtrip": _pct(2.0, 4.0),
+            "haco_1": {"overhead": _pct(1.0, 3.0)},  # 0.5× and 0.75× bare: met
+            "haco_2": {"overhead": _pct(1.1, 3.3)},  # 1.1× one member: met
+        },
+        "throughput": {
+            "clients": 32,
+            "median_tasks_per_s": {"bare": 1000.0, "haco-1": 950.0, "haco-2": 500.0},
+            "cpu_ms_per_task": {
+                "bare": _cpu(1.0, 2.0, 0.3, bare=True),
+                "haco-1": _cpu(1.5, 2.2, 0.4),  # 1.1× bare: met
+                "haco-2": _cpu(1.5, 3.0, 0.4),  # 1.5× bare: not met
+            },
+        },
+        "tail": {
+            "variants": {"staggered-p95-b5": {"p99_ms": 77.0, "extra_load": 0.045}},
+            "offline_staggered_curve": [
+                {"percentile": 90, "delay_ms": 30.0, "extra_load": 0.10, "p99_ms": 50.0},
+                {"percentile": 95, "delay_ms": 60.0, "extra_load": 0.05, "p99_ms": 70.0},
+                {"percentile": 96, "delay_ms": 70.0, "extra_load": 0.04, "p99_ms": 80.0},
+            ],
+        },
+    },
+}
+
+
+def _point(level: int, scale: float) -> dict[str, Any]:
+    def system(tps: float, over: bool) -> dict[str, Any]:
+        s: dict[str, Any] = {
+            "tasks_per_s": tps * scale,
+            "latency": _pct(level * 1.0, level * 2.0),
+            "cpu_ms_per_task": {"client": 1.0, "worker": 2.0, "redis": 0.5},
+            "busy_cores": {"client": 0.5, "worker": 0.9, "redis": 0.2},
+            "n_errors": 0,
+        }
+        if over:
+            s["overhead"] = _pct(level * 0.5, level * 1.5)
+            s["ratio_to_bare"] = tps / 600.0
+        return s
+
+    return {"inflight": level, "systems": {"bare": system(600.0, False),
+            "haco-1": system(250.0, True), "haco-2": system(300.0, True)}}  # fmt: skip
+
+
+def _plan_case(n: int) -> dict[str, Any]:
+    parts = ("profiles", "build_view", "view", "decide", "decide_with_domains", "plan")
+    times = {p: {"median_us": 10.0 * n, "p99_us": 20.0 * n, "n": 50} for p in parts}
+    return {"candidates": n, "times": times, "hedge_size": 3, "hedge_size_with_domains": 4,
+            "dependence_once_us": 5.0 * n}  # fmt: skip
+
+
+GROWTH: dict[str, Any] = {
+    "command": "python -m bench.runtime growth planning --json out/bench/growth.json",
+    "machine": MACHINE,
+    "redis": {"source": "embedded", "version": "7.2.4"},
+    "results": {
+        "growth": {
+            "cpus": 2,
+            "concurrency": 16,
+            "points": [_point(1, 1.0), _point(8, 1.5), _point(32, 1.52)],
+            "bends": {
+                "bare": None,
+                "haco-2": None,
+                "haco-1": {
+                    "from": 8,
+                    "to": 32,
+                    "gain": 0.01,
+                    "busiest": "worker",
+                    "busiest_cores": 0.97,
+                    "total_cores": 1.9,
+                },
+            },
+        },
+        "planning": {
+            "iters": 50,
+            "cases": [_plan_case(6), _plan_case(200)],
+            "bend": {
+                "size_growth": 33.3,
+                "time_growth": dict.fromkeys(
+                    ("profiles", "build_view", "view", "decide", "decide_with_domains", "plan"),
+                    33.3,
+                ),
+                "share_of_plan_at_largest": {"profiles": 0.7, "build_view": 0.1, "decide": 0.05},
+            },
+        },
+    },
+}
+
+
+def _ingest(harvesters: int, tps: float) -> dict[str, Any]:
+    return {
+        "n": 200000, "batch": 5000, "harvesters": harvesters, "cpus": 2,
+        "raw_copy": {"seconds": 2.0, "rows_per_s": 100000.0},
+        "stream_push": {"seconds": 2.0, "entries_per_s": 90000.0},
+        "harvest": {"seconds": 200000 / tps, "traces_per_s": tps, "rows_stored": 200000,
+                    "batches": 40, "max_oldest_pending_age_s": 0.5, "max_stream_len": 195000,
+                    "max_oldest_entry_age_s": 4.0},
+        "harvest_vs_raw_copy": tps / 100000.0, "metrics": {},
+    }  # fmt: skip
+
+
+def _write(tmp: Path, runtime: dict[str, Any], ingest_tps: float = 22332.0) -> list[str]:
+    files = {"runtime": runtime, "growth": GROWTH, "ingest": _ingest(1, ingest_tps),
+             "ingest2": _ingest(2, 46279.0)}  # fmt: skip
+    args = []
+    for name, data in files.items():
+        path = tmp / f"{name}.json"
+        path.write_text(json.dumps(data), encoding="utf-8")
+        args += [f"--{name}", str(path)]
+    return [*args, "--doc", str(tmp / "BENCHMARKS.md")]
+
+
+def _block(doc: str) -> str:
+    return doc.split(BEGIN, 1)[1].split(END, 1)[0]
+
+
+def _without_block(doc: str) -> str:
+    head, rest = doc.split("\n" + BEGIN, 1)
+    return head + rest.split(END + "\n", 1)[1]
+
+
+def _row(block: str, start: str) -> str:
+    return next(line for line in block.splitlines() if line.startswith(f"| {start}"))
+
+
+def test_markers_go_after_the_intro_once_and_the_rest_is_untouched(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    assert main(_write(tmp_path, RUNTIME)) == 0
+    text = doc.read_text(encoding="utf-8")
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
+    assert text.index("A second line of the intro.") < text.index(BEGIN)
+    assert text.index(END) < text.index("## Issue 2")
+    assert _without_block(text) == DOC
+    block = _block(text)
+    assert "python -m bench.runtime all --json out/bench/runtime.json" in block
+    assert "python -m bench.ingest --n 200000 --batch 5000 --harvesters 2" in block
+    assert "2026-12-01T06:00:00+0000" in block and "7.2.4 (embedded)" in block
+    assert "0.10 0.20 0.30 → 0.40 0.50 0.60" in block
+
+
+def test_a_second_run_replaces_the_block_and_nothing_else(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, RUNTIME, ingest_tps=22332.0))
+    first = doc.read_text(encoding="utf-8")
+    main(_write(tmp_path, RUNTIME, ingest_tps=61000.0))
+    second = doc.read_text(encoding="utf-8")
+    assert second.count(BEGIN) == 1 and second.count(END) == 1
+    assert _without_block(second) == DOC
+    assert "22 332" in _block(first) and "22 332" not in _block(second)
+    assert "61 000" in _row(_block(second), "trace ingest")
+    assert "✔ met" in _row(_block(second), "trace ingest")
+    assert "✘ not met" in _row(_block(first), "trace ingest")
+
+
+def test_the_verdicts_follow_the_numbers(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, RUNTIME))
+    block = _block(doc.read_text(encoding="utf-8"))
+    assert "✔ met" in _row(block, "dispatch overhead, 1 member")
+    assert "✔ met" in _row(block, "dispatch overhead, 2 members")
+    assert "✔ met" in _row(block, "member tasks/s, 32 groups in flight, HACO, 1 member")
+    assert "✘ not met" in _row(block, "member tasks/s, 32 groups in flight, HACO, 2 members")
+    assert "✔ met" in _row(block, "worker CPU ms per member task, HACO, 1 member")
+    assert "✘ not met" in _row(block, "worker CPU ms per member task, HACO, 2 members")
+    tail = _row(block, "staggered tail")
+    assert "75.0" in tail and "✔ met" in tail  # ideal 75 ms at 4.5 %: 77 / 75 = 1.03
+
+    slower = copy.deepcopy(RUNTIME)
+    slower["results"]["overhead"]["haco_1"]["overhead"] = _pct(1.6, 3.0)  # 0.8× bare p50
+    slower["results"]["tail"]["variants"]["staggered-p95-b5"]["extra_load"] = 0.06
+    main(_write(tmp_path, slower))
+    block = _block(doc.read_text(encoding="utf-8"))
+    assert "✘ not met" in _row(block, "dispatch overhead, 1 member")
+    assert "✘ not met" in _row(block, "staggered tail")  # more than 5 % extra load
+
+
+def test_goal_arithmetic() -> None:
+    ov = overhead_goals(RUNTIME["results"]["overhead"])
+    assert ov["overhead_p50_over_bare_p50"] == pytest.approx(0.5)
+    assert ov["two_over_one_p99"] == pytest.approx(1.1)
+    tp = throughput_goals(RUNTIME["results"]["throughput"])
+    assert tp["haco-1"]["throughput_ratio"] == pytest.approx(0.95)
+    assert tp["haco-2"]["worker_cpu_over_bare"] == pytest.approx(1.5)
+    curve = RUNTIME["results"]["tail"]["offline_staggered_curve"]
+    assert ideal_at(curve, 0.045) == pytest.approx(75.0)
+    assert ideal_at(curve, 0.01) == pytest.approx(80.0)  # nearest not-smaller extra load
+    assert ideal_at(curve, 0.5) == pytest.approx(50.0)
+    assert ideal_at([], 0.05) is None
+    assert tail_goals(RUNTIME["results"]["tail"])["p99_over_ideal"] == pytest.approx(77 / 75)
+
+
+def test_missing_inputs_render_as_not_measured_and_a_placeholder(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    missing = str(tmp_path / "nope.json")
+    args = ["--runtime", missing, "--growth", missing, "--ingest", missing, "--ingest2", missing]
+    assert main([*args, "--doc", str(doc)]) == 0
+    assert "not measured" in _block(doc.read_text(encoding="utf-8"))
+    main(["--placeholder", "Generated by `make bench-hotpath`.", "--doc", str(doc)])
+    text = doc.read_text(encoding="utf-8")
+    assert "Generated by `make bench-hotpath`." in _block(text)
+    assert "not measured" not in text and _without_block(text) == DOC
