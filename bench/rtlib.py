@@ -217,6 +217,12 @@ class TimedStore(RedisStore):
             self.marks.woke.setdefault(group_id, time.time())
         return raw
 
+    def pop_replies(self, group_id: str, timeout_s: float, max_n: int) -> list[str]:
+        got = super().pop_replies(group_id, timeout_s, max_n)
+        if any(parse_started(raw) is None for raw in got):  # a report, not only start signals
+            self.marks.woke.setdefault(group_id, time.time())
+        return got
+
     def close_group(self, close: GroupClose, limits: CloseLimits) -> GroupClosed:
         # The moment the coordinator sends the group's final state (the losers' cancel).
         self.marks.cancelled[close.group_id] = time.time()

@@ -64,6 +64,7 @@ Clock = Callable[[], float]
 
 WAKE = "wake"  # a token on a group's reply list: a timer is due, not a report
 WAKE_SLACK_S = 0.05  # the pop's own timeout, only a fallback should a token be lost
+REPLY_BATCH = 16  # entries taken per pop: a start token and its report in one round trip
 
 
 class Coordinator:
@@ -285,15 +286,17 @@ class Coordinator:
             now = self.clock()
             if (v := self._tick(g, now)) is not None:
                 return v
-            timer_s = min(g.launcher.wake_at(), g.watch.wake_at())
-            wake = min(g.deadline_at, timer_s)
-            if timer_s < g.deadline_at:
-                # Only launch timers need the precision; a deadline may run late by
-                # Redis's tick (≤ 100 ms at the default hz) without harm.
-                self._arm(g, wake, now)
-            raw = self.store.pop_reply(g.id, max(0.0, min(wake - now + WAKE_SLACK_S, 1.0)))
-            if raw is not None and raw != WAKE:
-                self._on_entry(g, raw)
+            launch_s = g.launcher.wake_at()
+            wake = min(g.deadline_at, launch_s, g.watch.wake_at())
+            if launch_s < g.deadline_at:
+                # Only launch timers need the precision; a deadline or a member's
+                # patience (seconds) may run late by Redis's tick (≤ 100 ms at the
+                # default hz) without harm, and arming costs a timer-thread wake-up.
+                self._arm(g, launch_s, now)
+            timeout_s = max(0.0, min(wake - now + WAKE_SLACK_S, 1.0))
+            for raw in self.store.pop_replies(g.id, timeout_s, REPLY_BATCH):
+                if raw != WAKE:
+                    self._on_entry(g, raw)
 
     def _on_entry(self, g: Group, raw: str) -> None:
         rank = parse_started(raw)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,26 +16,27 @@ from coordinator.core.patience import GaveUp, Watch
 from coordinator.core.stagger import Launcher
 from coordinator.runtime.pool import CallSettings
 from coordinator.runtime.results import MemberSummary
+from coordinator.runtime.timers import TIMERS, Handle, Timers
 from schemas.enums import GroupState, MemberStatus, WinnerMode
 from schemas.models import Candidate, GroupVerdict, MemberReport, RoleInvocation
 
 
 class Alarm:
-    """One pending wake-up of a group; cancelled when replaced or when the group ends."""
+    """One pending wake-up of a group; cancelled when replaced or when the group ends.
+    Served by the process's one timer thread (coordinator.runtime.timers)."""
 
-    def __init__(self, at_s: float = math.nan) -> None:
+    def __init__(self, at_s: float = math.nan, timers: Timers = TIMERS) -> None:
         self.at_s = at_s
-        self._timer: threading.Timer | None = None
+        self._timers = timers
+        self._handle: Handle | None = None
 
     def start(self, delay_s: float, action: Callable[[], None]) -> None:
-        self._timer = threading.Timer(delay_s, action)
-        self._timer.daemon = True
-        self._timer.start()
+        self._handle = self._timers.schedule(delay_s, action)
 
     def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 @dataclass

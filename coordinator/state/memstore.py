@@ -124,6 +124,14 @@ class MemoryStore:
                 self._lock.wait(left)
             return self.replies[group_id].pop()
 
+    def pop_replies(self, group_id: str, timeout_s: float, max_n: int) -> list[str]:
+        first = self.pop_reply(group_id, timeout_s)
+        if first is None:
+            return []
+        with self._lock:
+            queue = self.replies[group_id]
+            return [first, *(queue.pop() for _ in range(min(max_n - 1, len(queue))))]
+
     def claim_winner(self, group_id: str, member_id: str, ttl_s: float) -> bool:
         with self._lock:
             if group_id in self.claims:

@@ -23,10 +23,9 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
-from redis.typing import EncodableT, FieldT
 
 from coordinator.core.cofailure import CoFailure
 from coordinator.core.params import ProfileSettings
@@ -54,6 +53,7 @@ from coordinator.state.lua import lua
 from coordinator.state.memberops import RedisMemberOps
 from coordinator.state.outcomes import RedisOutcomes
 from coordinator.state.profilecache import RedisPlanReads
+from coordinator.state.sideops import RedisSideOps
 from schemas.enums import GroupSignal
 
 _MS = 1000
@@ -135,7 +135,7 @@ def server_url(client: redis.Redis) -> str:
     return f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
-class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads):
+class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
     """The production backend. ``client`` must not decode responses (bytes in, bytes out).
     ``profile_settings`` is how deltas merge onto the snapshot (the workers' decay).
     Submitted invocations' outcomes: :class:`coordinator.state.outcomes.RedisOutcomes`."""
@@ -218,30 +218,22 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads):
         value = got[1]
         return value.decode() if isinstance(value, bytes) else str(value)
 
+    def pop_replies(self, group_id: str, timeout_s: float, max_n: int) -> list[str]:
+        """Up to ``max_n`` entries, oldest first, waiting up to ``timeout_s`` for the first:
+        one BLMPOP, so a start token and the report that follows it cost one round trip."""
+        key = keys.group_replies(group_id)
+        got: Any = self._guard(
+            "wait for a reply",
+            lambda: self.r.blmpop(max(timeout_s, 0.001), 1, key, direction="RIGHT", count=max_n),
+        )
+        return [text(v) for v in got[1]] if got else []
+
     def claim_winner(self, group_id: str, member_id: str, ttl_s: float) -> bool:
         key = keys.group_winner(group_id)
         px = int(ttl_s * _MS)
         return bool(
             self._guard("claim a winner", lambda: self.r.set(key, member_id, nx=True, px=px))
         )
-
-    def append_chunks(self, key: str, entries: list[dict[str, str]], ttl_s: float) -> None:
-        """XADD the entries (one round trip), the stream's TTL renewed."""
-
-        def write() -> None:
-            pipe = self.r.pipeline(transaction=False)
-            for entry in entries:
-                fields: dict[FieldT, EncodableT] = {}
-                fields.update(entry)
-                pipe.xadd(key, fields)
-            pipe.pexpire(key, int(ttl_s * _MS))
-            pipe.execute()
-
-        self._guard("append stream chunks", write)
-
-    def stream_winner(self, group_id: str) -> str | None:
-        raw = self._guard("read a stream winner", lambda: self.r.get(keys.stream_winner(group_id)))
-        return None if raw is None else text(raw)
 
     def claim_idempotency(self, key: str, member_id: str, ttl_s: float) -> str:
         k = keys.idempotency(key)
@@ -254,51 +246,6 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads):
             return holder.decode() if isinstance(holder, bytes) else member_id
 
         return self._guard("claim an idempotency key", claim)
-
-    def set_cooldown(self, candidate_id: str, ttl_s: float, until_s: float) -> None:
-        """The candidate is cooling down (rate limited) for ``ttl_s``; a longer cooldown
-        already set is kept."""
-        key, px = keys.cooldown(candidate_id), max(1, int(ttl_s * _MS))
-
-        def cool() -> None:
-            if not self.r.set(key, repr(until_s), px=px, nx=True):
-                left = self.r.pttl(key)
-                if isinstance(left, int) and 0 <= left < px:
-                    self.r.set(key, repr(until_s), px=px)
-
-        self._guard("set a cooldown", cool)
-
-    def cooling(self, candidate_ids: Sequence[str]) -> set[str]:
-        """Those of the candidates whose cooldown has not expired."""
-        if not candidate_ids:
-            return set()
-        names = [keys.cooldown(c) for c in candidate_ids]
-        found = self._guard("read cooldowns", lambda: self.r.mget(names))
-        return {c for c, raw in zip(candidate_ids, found, strict=True) if raw is not None}
-
-    def record_judged(
-        self, group_id: str, member_id: str, score: float | None, ttl_s: float
-    ) -> None:
-        """The judge's score of a member (None: it could not score it) into the group's
-        judged hash, and a wake token on its reply list for a waiting coordinator; one
-        MULTI, both keys with the group's TTL."""
-        judged, replies = keys.group_judged(group_id), keys.group_replies(group_id)
-        px = int(ttl_s * _MS)
-
-        def write() -> None:
-            pipe = self.r.pipeline(transaction=True)
-            pipe.hset(judged, member_id, "" if score is None else repr(float(score)))
-            pipe.pexpire(judged, px)
-            pipe.lpush(replies, keys.WAKE)
-            pipe.pexpire(replies, px)
-            pipe.execute()
-
-        self._guard("record a judgement", write)
-
-    def judged_scores(self, group_id: str) -> dict[str, float | None]:
-        """Member id -> judged score (None: judged without a score) of the group."""
-        raw = self._guard("read judgements", lambda: self.r.hgetall(keys.group_judged(group_id)))
-        return {text(k): (float(text(v)) if text(v) else None) for k, v in raw.items()}
 
     def load_view(self, candidate_ids: Sequence[str], link_ids: Sequence[str]) -> ProfileView:
         """Effective profiles (snapshot + later deltas, one atomic read) and their version."""
