@@ -317,3 +317,15 @@ def test_a_cached_profile_is_read_again_after_its_max_age(redis_db: redis.Redis)
     assert "c1" in _plan_read(reader)[0]  # type: ignore[operator]
     now[0] += 5.0
     assert _plan_read(reader)[0] == {}
+
+
+def test_profiles_decode_fast_and_the_json_path_takes_what_msgspec_refuses() -> None:
+    from coordinator.core.profiles import Moments
+    from coordinator.state.codec import encode
+
+    plain = CandidateProfile("c", calls=3.0, recent_latency_s=(0.5, 1.5), last_seen_s=2.0)
+    assert decode_candidate(encode(plain)) == plain
+    odd = CandidateProfile("c", latency=Moments(1.0, math.inf, math.inf))  # json's Infinity
+    assert decode_candidate(encode(odd)) == odd
+    legacy = '{"src":"a","dst":"b","transmissions":2,"observations":2}'  # no window yet
+    assert decode_link(legacy) == LinkProfile("a", "b", transmissions=2.0, observations=2)
