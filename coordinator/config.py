@@ -164,6 +164,9 @@ class HacoSettings(BaseSettings):
     harvest_group: Annotated[str, Field(min_length=1, max_length=128)] = "haco-harvesters"
     harvest_batch: Annotated[int, Field(ge=1, le=100_000)] = 5_000
     harvest_block_ms: Annotated[int, Field(ge=1, le=60_000)] = 1_000
+    # Batches one harvester has in Postgres at once, each its own transaction on its own
+    # pool connection (the pool needs as many): while one commits, the next is copied in.
+    harvest_inflight: Annotated[int, Field(ge=1, le=8)] = 2
     # Entries a harvester read but did not acknowledge for this long (it crashed, or lost
     # Postgres) are claimed by another harvester.
     harvest_reclaim_idle_s: Seconds = 60.0

@@ -380,3 +380,27 @@ def test_budget_is_atomic_across_processes(client: redis.Redis, redis_url: str) 
     assert snap.exhausted == 70
     assert snap.request_tokens == pytest.approx(0.0)
     assert snap.llm_tokens == pytest.approx(settings.budget_tokens_burst - 60.0)
+
+
+def test_a_planning_read_credits_the_budget_as_earn_does(client: redis.Redis) -> None:
+    """RedisStore.read_for_plan adds RedisBudget.plan_credit to the hash's ``pend``;
+    every budget script folds it in first, and the snapshot counts it."""
+    from coordinator.state.store import RedisStore
+
+    clock = FakeClock(1000.0)
+    settings = HacoSettings(budget_burst=2.0, budget_ratio=0.25)
+    budget = RedisBudget(client, settings, clock=clock)
+    store = RedisStore(client)
+    assert budget.try_spend(2, 0.0)  # empty now
+    for _ in range(3):
+        assert store.read_for_plan(["c"], [], credit=budget.plan_credit()).credited
+    assert budget.snapshot().request_tokens == 0.75
+    assert not budget.try_spend(1, 0.0)
+    store.read_for_plan(["c"], [], credit=budget.plan_credit())
+    assert budget.try_spend(1, 0.0)  # 1.0 earned, folded in by the spend
+    assert budget.snapshot().request_tokens == 0.0
+    for _ in range(20):  # capped at the burst, as earn() is
+        store.read_for_plan(["c"], [], credit=budget.plan_credit())
+    assert budget.snapshot().request_tokens == 2.0
+    assert budget.try_spend(2, 0.0) and not budget.try_spend(1, 0.0)
+    assert client.pttl(keys.BUDGET) > 0

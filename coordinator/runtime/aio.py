@@ -274,7 +274,8 @@ async def run(coord: Coordinator, hub: ReplyHub, g: Group) -> InvocationResult:
     queue = await hub.register(g.id)
     try:
         coord._launch_initial(g)  # the group is open: Coordinator._plan opened it
-        coord.budget.earn()
+        if not g.credited:
+            coord.budget.earn()
         v = await _wait(coord, g, queue)
         v = await _settle(coord, g, v, queue)
         return judging.annotate(coord._finish(g, v), g)

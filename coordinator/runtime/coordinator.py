@@ -60,6 +60,7 @@ from schemas.enums import GroupSignal, GroupState, LaunchMode
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 
 Clock = Callable[[], float]
+Credit = tuple[float, int] | None  # HedgeBudget.plan_credit
 
 
 WAKE = "wake"  # a token on a group's reply list: a timer is due, not a report
@@ -103,18 +104,24 @@ class Coordinator:
         self._dependence = DependenceMemo(self.profile_settings)
 
     # -- deciding ---------------------------------------------------------------------
-    def view(
-        self, role: str, request_bytes: float, open_group: str | None = None
-    ) -> tuple[list[Candidate], PoolView]:
-        """The role's candidates (cooling ones left out) and the policy's view of them;
-        ``open_group`` is opened in the same round trip (RuntimeStore.read_for_plan)."""
+    def view(self, role: str, request_bytes: float) -> tuple[list[Candidate], PoolView]:
+        """The role's candidates (cooling ones left out) and the policy's view of them."""
+        cands, view, _ = self._view(role, request_bytes, None, None)
+        return cands, view
+
+    def _view(
+        self, role: str, request_bytes: float, open_group: str | None, credit: Credit
+    ) -> tuple[list[Candidate], PoolView, bool]:
+        """:meth:`view`, with ``open_group`` opened and the budget credited in the same
+        round trip (RuntimeStore.read_for_plan); True when it credited the budget."""
         cands = self.pool.candidates(role)
         for c in cands:
             self.pool.check_zone(c.zone)
         caller = self.pool.config.caller_zone
         lids = sorted({link_id(caller, c.zone) for c in cands})
         ttl_s = self.settings.group_ttl_s
-        read = self.store.read_for_plan([c.id for c in cands], lids, open_group, ttl_s)
+        ids = [c.id for c in cands]
+        read = self.store.read_for_plan(ids, lids, open_group, ttl_s, credit)
         # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
         cands = [c for c in cands if c.id not in read.cooling] or cands
         members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
@@ -122,7 +129,7 @@ class Coordinator:
             members, caller, read.candidates, read.links, request_bytes, self.profile_settings,
             self._dependence.get(members, self.cofailure()),
         )  # fmt: skip
-        return cands, view
+        return cands, view, read.credited
 
     def cofailure(self) -> CoFailure | None:
         """The co-failure evidence the policy counts (the latest snapshot's)."""
@@ -141,8 +148,11 @@ class Coordinator:
         call = self.pool.call_settings(inv, self.settings, self.params)
         request_bytes = payload_bytes(inv.payload)  # k: the JSON messages (spec §13)
         group_id = group_id or self.new_id()
-        # The group is opened by the same round trip that reads the profiles.
-        cands, view = self.view(inv.role, request_bytes, open_group=group_id)
+        # The group is opened, and the budget credited, by the round trip that reads the
+        # profiles.
+        cands, view, credited = self._view(
+            inv.role, request_bytes, group_id, self.budget.plan_credit()
+        )
         decision = Haco(call.params).decide(view, self.rng)
         members = decision.members
         if not inv.idempotent:
@@ -170,6 +180,7 @@ class Coordinator:
             watch=watch,
             reports=[None] * n,
             launched_at=[None] * n,
+            credited=credited,
         )
 
     # -- running ----------------------------------------------------------------------
@@ -178,7 +189,8 @@ class Coordinator:
         assigns it up front), else a new one is drawn."""
         g = self._plan(inv, group_id)  # the group is open: read_for_plan opened it
         self._launch_initial(g)
-        self.budget.earn()  # after the launch: off the first member's path
+        if not g.credited:
+            self.budget.earn()  # after the launch: off the first member's path
         v = self._wait(g)
         # ``best`` waits for the judge when outputs came back unjudged (runtime.judging).
         evaluator = self.pool.config.evaluator is not None

@@ -63,6 +63,7 @@ class Group:
     fallback_reason: str | None = None
     stream: bool = False  # members append their deltas to keys.member_chunks (a relay)
     winner_quality: float | None = None
+    credited: bool = False  # the planning read credited the hedge budget (no earn() due)
 
     def member_id(self, rank: int) -> str:
         return f"{self.id}.{rank}"

@@ -60,8 +60,10 @@ class RuntimeStore(Protocol):
         link_ids: Sequence[str],
         open_group: str | None = None,
         group_ttl_s: float = 0.0,
+        credit: tuple[float, int] | None = None,
     ) -> PlanRead:
-        """Profiles and cooldowns of a role, and the group opened: one round trip."""
+        """Profiles and cooldowns of a role, the group opened and (where the budget
+        lives in the same store) the budget credited: one round trip."""
         ...
 
     def load_cofailure(self) -> CoFailure | None: ...
@@ -119,6 +121,11 @@ class OutcomeStore(Protocol):
 class HedgeBudget(Protocol):
     def earn(self, n_requests: int = 1) -> None:
         """Credit ``n_requests`` admitted invocations: ``budget_ratio`` tokens each."""
+        ...
+
+    def plan_credit(self) -> tuple[float, int] | None:
+        """(one invocation's credit, the budget hash's TTL in ms) for the store's planning
+        read to add in its round trip (RuntimeStore.read_for_plan); None: call earn()."""
         ...
 
     def try_spend(self, backups: int, llm_tokens: float) -> bool:

@@ -107,10 +107,10 @@ class _Relay:
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         coord, g = self.coord, self.g
-        coord.store.open_group(g.id, coord.settings.group_ttl_s)
-        coord.budget.earn()
-        for launch in g.launcher.initial():
-            coord._launch(g, launch)
+        # Coordinator._plan opened the group (and credited a budget kept in Redis).
+        if not g.credited:
+            coord.budget.earn()
+        coord._launch_initial(g)
         first = await self._first_token()
         if isinstance(first, Verdict):  # decided before any token
             for event in _relayed(await self._close(first)):

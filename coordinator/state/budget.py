@@ -116,6 +116,13 @@ class RedisBudget:
         except redis.RedisError as exc:
             raise StoreError(f"hedge budget: earn on {keys.BUDGET} failed: {exc}") from exc
 
+    def plan_credit(self) -> tuple[float, int]:
+        """One invocation's credit and the hash's TTL (ms), for the coordinator's planning
+        read to add in its own round trip (plan_read.lua: the ``pend`` field, folded in by
+        the next script)."""
+        s = self._settings
+        return s.budget_ratio, max(1, round(s.budget_ttl_s * 1000))
+
     def try_spend(self, backups: int, llm_tokens: float) -> bool:
         n = check_count("backups", backups)
         cost = check_amount("llm_tokens", llm_tokens)
@@ -130,10 +137,11 @@ class RedisBudget:
         s = self._settings
         now = float(self._clock())
         try:
-            raw = self._client.hmget(keys.BUDGET, ["req", "llm", "ts", "exhausted", "spent"])
+            names = ["req", "llm", "ts", "exhausted", "spent", "pend"]
+            raw = self._client.hmget(keys.BUDGET, names)
         except redis.RedisError as exc:
             raise StoreError(f"hedge budget: read of {keys.BUDGET} failed: {exc}") from exc
-        req, llm, ts, exhausted, spent = raw
+        req, llm, ts, exhausted, spent, pend = raw
         try:
             llm_now, _ = refill(
                 s.budget_tokens_burst if llm is None else float(llm),
@@ -142,7 +150,11 @@ class RedisBudget:
                 s,
             )
             return BudgetSnapshot(
-                request_tokens=s.budget_burst if req is None else min(float(req), s.budget_burst),
+                request_tokens=min(
+                    (s.budget_burst if req is None else float(req))
+                    + (0.0 if pend is None else float(pend)),
+                    s.budget_burst,
+                ),
                 llm_tokens=llm_now,
                 exhausted=0 if exhausted is None else int(exhausted),
                 spent_backups=0 if spent is None else int(spent),
@@ -172,6 +184,10 @@ class MemoryBudget:
         ts = now if self._ts is None else self._ts
         self._llm, self._ts = refill(self._llm, ts, now, self._settings)
         self._req = min(self._req, self._settings.budget_burst)
+
+    def plan_credit(self) -> None:
+        """None: a coordinator earns in memory (:meth:`earn`), no planning read credits."""
+        return None
 
     def earn(self, n_requests: int = 1) -> None:
         n = check_count("n_requests", n_requests)

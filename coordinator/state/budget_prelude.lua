@@ -14,6 +14,14 @@ local ts = now
 if s[1] then req = tonumber(s[1]) end
 if s[2] then llm = tonumber(s[2]) end
 if s[3] then ts = tonumber(s[3]) end
+-- Credits a coordinator's planning read added (plan_read.lua, HINCRBYFLOAT 'pend'),
+-- folded in before anything else: adding them one by one, each capped at the burst,
+-- ends the same as adding their sum and capping once.
+local pend = redis.call('HGET', KEYS[1], 'pend')
+if pend then
+  req = req + tonumber(pend)
+  redis.call('HDEL', KEYS[1], 'pend')
+end
 if now > ts then
   llm = llm + (now - ts) * rate
   ts = now

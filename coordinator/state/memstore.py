@@ -248,8 +248,10 @@ class MemoryStore:
         link_ids: Sequence[str],
         open_group: str | None = None,
         group_ttl_s: float = 0.0,
+        credit: tuple[float, int] | None = None,
     ) -> PlanRead:
-        """As RedisStore.read_for_plan (coordinator.state.profilecache), in one lock."""
+        """As RedisStore.read_for_plan (coordinator.state.profilecache), in one lock; no
+        budget lives here, so nothing is credited (the coordinator calls earn())."""
         with self._lock:
             cands, links = self.load_profiles(candidate_ids, link_ids)
             cooling = self.cooling(candidate_ids)

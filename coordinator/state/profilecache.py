@@ -38,6 +38,7 @@ class PlanRead:
     candidates: dict[str, CandidateProfile]  # ids without evidence are absent
     links: dict[str, LinkProfile]
     cooling: set[str]  # candidates whose cooldown has not expired (keys.cooldown)
+    credited: bool = False  # the hedge budget was credited (keys.BUDGET's ``pend``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +80,12 @@ class RedisPlanReads:
         link_ids: Sequence[str],
         open_group: str | None = None,
         group_ttl_s: float = 0.0,
+        credit: tuple[float, int] | None = None,
     ) -> PlanRead:
         """The profiles of ``candidate_ids`` and ``link_ids`` (snapshot + deltas, as
-        :meth:`RedisStore.load_view`), the cooling candidates, and ``open_group`` opened
-        with ``group_ttl_s`` (:meth:`RedisStore.open_group`) in the same script."""
+        :meth:`RedisStore.load_view`), the cooling candidates, ``open_group`` opened with
+        ``group_ttl_s`` (:meth:`RedisStore.open_group`) and the hedge budget credited with
+        ``credit`` (RedisBudget.plan_credit), in the same script."""
         script, cache, lock = self._plan_state()
         fields = [f"c:{c}" for c in candidate_ids] + [f"l:{lk}" for lk in link_ids]
         now = self.view_clock()
@@ -94,10 +97,12 @@ class RedisPlanReads:
         ]
         ttl_ms = max(1, int(group_ttl_s * _MS)) if open_group is not None else 0
         names = [keys.PROFILE_SNAPSHOT, keys.PROFILE_EPOCH, keys.PROFILE_VERSIONS,
-                 keys.group_state(open_group or "-")]  # fmt: skip
+                 keys.group_state(open_group or "-"), keys.BUDGET]  # fmt: skip
+        amount, budget_ttl_ms = credit if credit is not None else (0.0, 0)
         args: list[str | int] = [
             keys.DELTA_PREFIX, len(candidate_ids), len(link_ids), keys.COOLDOWN_PREFIX,
-            ttl_ms, GroupSignal.OPEN.value, *candidate_ids, *link_ids, *known,
+            ttl_ms, GroupSignal.OPEN.value, repr(float(amount)), budget_ttl_ms,
+            *candidate_ids, *link_ids, *known,
         ]  # fmt: skip
         got: Any = self._guard("read profiles", lambda: script(keys=names, args=args))
         tokens, changed, cooling = got
@@ -119,4 +124,4 @@ class RedisPlanReads:
         links = {lk: e.profile for lk, e in zip(link_ids, entries[nc:], strict=True)
                  if e is not None and isinstance(e.profile, LinkProfile)}  # fmt: skip
         hot = {c for c, flag in zip(candidate_ids, cooling, strict=True) if int(flag)}
-        return PlanRead(cands, links, hot)
+        return PlanRead(cands, links, hot, credit is not None)

@@ -2,9 +2,10 @@
 double counting.
 
 One batch: ``XREADGROUP`` up to ``harvest_batch`` entries (its own pending entries first,
-then new ones), parse each as a :class:`MemberReport` (field ``keys.REPORT_FIELD``) or a
+then new ones), decode each as a :class:`MemberReport` (field ``keys.REPORT_FIELD``) or a
 :class:`GroupVerdict` (``keys.VERDICT_FIELD``, appended by the coordinator when it closes
-a group), then in one transaction (:mod:`coordinator.tracestore.harvestsql`) insert into
+a group) (:mod:`coordinator.tracestore.tracecodec`: msgspec, pydantic for the rare odd
+entry), then in one transaction (:mod:`coordinator.tracestore.harvestsql`) insert into
 ``members`` what is not there yet (no second row for a redelivered entry), the link
 observation the trace carries, and one ``invocations`` upsert per group counting only
 the newly inserted members and taking the group's first verdict. After
@@ -13,6 +14,21 @@ crash between the two leaves the entries pending; whoever reads them next (this 
 on restart, or another harvester's :meth:`Harvester.reclaim` once they are idle for
 ``harvest_reclaim_idle_s``) inserts nothing twice. Throughput scales with more
 harvester processes (one consumer each).
+
+Only a redelivery can find its rows stored: entries read again from the pending list
+or claimed go through the deduplicating merge. Entries delivered for the first time
+(``>``) are copied straight in (binary ``COPY``), unless a row would not fit its column
+unchecked; if one is stored all the same (a producer appended a trace twice), the
+unique key fails the ``COPY``, the transaction rolls back and the batch is merged: the
+fast way falls back, it never counts twice.
+
+:meth:`Harvester.run` pipelines: store threads write batches to Postgres, up to
+``harvest_inflight`` at once (each its own transaction and pool connection, like as many
+harvesters; the upserts take groups in order, so they cannot deadlock), while the loop
+reads and decodes the next batch and acknowledges each one once committed. A batch is
+acknowledged only after its own commit, so a crash leaves at most ``harvest_inflight``
++ 1 batches pending, for the merge. :meth:`Harvester.run_once` does one batch from
+read to acknowledgement.
 
 Postgres down: nothing is acknowledged, entries stay in the stream, the harvester backs
 off and retries. The buffer is the stream, ``trace_stream_maxlen`` entries: producers'
@@ -32,24 +48,26 @@ rows is committed and before it is acknowledged (tests kill the process there).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 import redis
 from psycopg_pool import ConnectionPool
-from pydantic import ValidationError
 
 from coordinator.config import HacoSettings
-from coordinator.errors import describe_validation_error
 from coordinator.state import keys
 from coordinator.state.codec import text
-from coordinator.tracestore.harvestsql import Staged, trace_row, verdict_row, write
-from schemas.models import GroupVerdict, MemberReport
+from coordinator.tracestore.harvestlag import Lag, read_lag
+from coordinator.tracestore.harvestsql import FreshRows, Staged, write, write_fresh
+from coordinator.tracestore.tracecodec import Batch, parse_batch
 
 log = logging.getLogger(__name__)
 
@@ -57,36 +75,31 @@ LAG_LOG_EVERY_S = 10.0  # lag is logged at INFO this often (DEBUG on every batch
 _BACKOFF_START_S = 0.1
 _MS = 1000
 
-_NONE: tuple[tuple[int, int], list[tuple[Staged, str]]] = ((0, 0), [])
-
-
-def _field(fields: dict[Any, Any], name: str) -> bytes | str | None:
-    """A stream entry's field (the client may or may not decode responses)."""
-    got: bytes | str | None = fields.get(name.encode(), fields.get(name))
-    return got
-
-
-def _id_ms(entry_id: bytes | str) -> int:
-    return int(text(entry_id).split("-", 1)[0])
-
 
 @dataclass(frozen=True)
-class Lag:
-    """Entries not yet stored (harvested ones are deleted), read but unacked, and ages."""
+class _Stored:
+    """A committed batch: members inserted, verdicts stored, rows rejected (with why)."""
 
-    stream_len: int
-    pending: int
-    oldest_pending_age_s: float | None
-    oldest_entry_age_s: float | None
+    inserted: int = 0
+    verdicts: int = 0
+    rejected: list[tuple[Staged, str]] = field(default_factory=list)
 
 
-@dataclass
-class _Batch:
-    ids: list[str] = field(default_factory=list)
-    rows: list[Staged] = field(default_factory=list)
-    raw: dict[str, bytes | str] = field(default_factory=dict)
-    dead: list[tuple[str, bytes | str, str]] = field(default_factory=list)  # (id, raw, error)
-    lost: list[str] = field(default_factory=list)
+# A batch handed to the store thread, and its outcome (None: not stored, left pending).
+_Job = tuple[Batch, "Future[_Stored | None]"]
+
+
+def _unparsed(response: Any, **_: Any) -> Any:
+    return response
+
+
+def _abandon(jobs: deque[_Job]) -> None:
+    """Wait for the jobs after a Redis failure, without acknowledging them: their
+    entries stay pending, to be read again (a Redis failure of their own is the same
+    outage)."""
+    while jobs:
+        with contextlib.suppress(redis.RedisError):
+            jobs.popleft()[1].result()
 
 
 class Harvester:
@@ -107,6 +120,10 @@ class Harvester:
         maxlen = settings.trace_stream_maxlen  # producers trim past it: alarm before that
         self.alarm_at = min(settings.harvest_buffer_alarm or int(0.8 * maxlen), maxlen - 1)
         self._after_commit = after_commit
+        # XREADGROUP replies as they come (no dict per entry: tracecodec.parse_batch reads
+        # the flat field lists): a client of its own on the same pool, without that parser.
+        self._reader = redis.Redis(connection_pool=redis_client.connection_pool)
+        self._reader.set_response_callback("XREADGROUP", _unparsed)
         self._own_pending = True  # a restart under the same name resumes its own entries
         self._group_ready = False
         self._backoff = 0.0
@@ -116,24 +133,62 @@ class Harvester:
 
     def run(self, stop: threading.Event) -> None:
         """Harvest until ``stop`` is set; reclaims idle entries every half idle period.
-        Redis and Postgres failures are logged and retried with backoff, never fatal."""
+        Redis and Postgres failures are logged and retried with backoff, never fatal.
+        Batches are pipelined (:meth:`_step`)."""
         self._stop = stop
         next_reclaim = redis_wait = 0.0
-        while not stop.is_set():
+        jobs: deque[_Job] = deque()  # oldest first
+        depth = self.s.harvest_inflight
+        with ThreadPoolExecutor(depth, thread_name_prefix="harvest-store") as store:
+            while not stop.is_set():
+                try:
+                    if time.monotonic() >= next_reclaim:
+                        self._settle(jobs)
+                        self.reclaim()
+                        next_reclaim = time.monotonic() + self.s.harvest_reclaim_idle_s / 2
+                    self._step(store, jobs, depth)
+                    redis_wait = 0.0
+                except redis.RedisError as exc:
+                    _abandon(jobs)
+                    self._group_ready, self._own_pending = False, True
+                    what = f"redis failed while harvesting ({exc})"
+                    redis_wait = self._back_off(what, redis_wait)
             try:
-                if time.monotonic() >= next_reclaim:
-                    self.reclaim()
-                    next_reclaim = time.monotonic() + self.s.harvest_reclaim_idle_s / 2
-                self.run_once()
-                redis_wait = 0.0
+                self._settle(jobs)
             except redis.RedisError as exc:
-                self._group_ready, self._own_pending = False, True
-                redis_wait = self._back_off(f"redis failed while harvesting ({exc})", redis_wait)
+                log.error("stopping: the last batches stay pending (redis failed: %s)", exc)
+
+    def _step(self, store: ThreadPoolExecutor, jobs: deque[_Job], depth: int) -> None:
+        """One step of the pipeline: read and decode a batch while the store threads
+        write earlier ones to Postgres (up to ``depth`` batches, each its own
+        transaction); hand it over, then acknowledge the batches committed, oldest first.
+        Postgres and this process work at the same time. A read of this consumer's own
+        pending entries first settles every job, whose entries it would read again."""
+        self._ensure_group()
+        own = self._own_pending  # a store thread sets it when a batch fails
+        if own:
+            self._settle(jobs)
+        entries, fresh = self._read(own)
+        if entries:
+            batch = parse_batch(entries, fresh)
+            if len(jobs) >= depth:
+                jobs[0][1].result()  # wait for room
+            jobs.append((batch, store.submit(self._save, batch)))
+        while jobs and jobs[0][1].done():
+            done, outcome = jobs.popleft()
+            self._ack(done, outcome.result())
+        self.update_lag()
+
+    def _settle(self, jobs: deque[_Job]) -> None:
+        """Wait for every job and acknowledge what it stored."""
+        while jobs:
+            batch, outcome = jobs.popleft()
+            self._ack(batch, outcome.result())
 
     def run_once(self) -> int:
         """Harvest one batch; returns how many new rows it stored."""
         self._ensure_group()
-        stored = self._harvest(self._read())
+        stored = self._harvest(*self._read(self._own_pending))
         self.update_lag()
         return stored
 
@@ -152,7 +207,7 @@ class Harvester:
             if entries:
                 log.warning("reclaimed %d idle pending trace entries", len(entries))
                 self._own_pending = True
-                stored += self._harvest(entries)
+                stored += self._harvest(entries, fresh=False)
             if text(cursor) == "0-0" or self._backoff > 0:
                 break
         self._forget_idle_consumers(idle)
@@ -169,88 +224,97 @@ class Harvester:
                 raise
         self._group_ready = True
 
-    def _read(self) -> list[Any]:
-        if self._own_pending:  # entries we read before and did not acknowledge
+    def _read(self, own_pending: bool) -> tuple[list[Any], bool]:
+        """A batch, and whether it is delivered for the first time."""
+        if own_pending:  # entries we read before and did not acknowledge
             got = self._xread("0", None)
             if got:
-                return got
+                return got, False
             self._own_pending = False
-        return self._xread(">", self.s.harvest_block_ms)
+        return self._xread(">", self.s.harvest_block_ms), True
 
     def _xread(self, start: str, block: int | None) -> list[Any]:
         n, name = self.s.harvest_batch, self.consumer
-        resp: Any = self.r.xreadgroup(self.group, name, {self.stream: start}, n, block)
-        return list(resp[0][1]) if resp else []
+        resp: Any = self._reader.xreadgroup(self.group, name, {self.stream: start}, n, block)
+        if not resp:
+            return []
+        # RESP2: [[stream, entries]]; RESP3: {stream: entries}
+        entries = next(iter(resp.values())) if isinstance(resp, dict) else resp[0][1]
+        return list(entries)
 
-    def _parse(self, entries: list[Any]) -> _Batch:
-        b = _Batch()
-        for entry_id, fields in entries:
-            sid = text(entry_id)
-            b.ids.append(sid)
-            if not fields:  # trimmed (MAXLEN) or deleted after we read it
-                b.lost.append(sid)
-                continue
-            verdict = _field(fields, keys.VERDICT_FIELD)
-            raw = verdict if verdict is not None else _field(fields, keys.REPORT_FIELD) or b""
-            try:
-                if verdict is not None:
-                    staged = verdict_row(GroupVerdict.model_validate_json(raw), sid)
-                else:
-                    staged = trace_row(MemberReport.model_validate_json(raw).trace, sid)
-            except ValidationError as exc:
-                b.dead.append((sid, raw, describe_validation_error(exc, f"entry {sid}")))
-                continue
-            b.rows.append(staged)
-            b.raw[sid] = raw
-        return b
-
-    def _harvest(self, entries: list[Any]) -> int:
+    def _harvest(self, entries: list[Any], fresh: bool) -> int:
         if not entries:
             return 0
-        batch = self._parse(entries)
+        batch = parse_batch(entries, fresh)
+        return self._ack(batch, self._save(batch))
+
+    def _save(self, batch: Batch) -> _Stored | None:
+        """Store a batch in Postgres (None: it failed, the entries stay pending)."""
         try:
-            (inserted, verdicts), rejected = self._store(batch.rows) if batch.rows else _NONE
+            (inserted, verdicts), rejected = self._store(batch.rows, batch.fresh_rows)
         except psycopg.Error as exc:
             self._own_pending = True
             self._count({"harvest_db_errors": 1})
             what = f"postgres failed to store {len(batch.ids)} trace entries ({exc})"
             self._backoff = self._back_off(what, self._backoff)
-            return 0
+            return None
         self._backoff = 0.0
         if self._after_commit is not None and batch.rows:
             self._after_commit()  # fault injection: committed, not yet acknowledged
-        batch.dead += [
-            (r.stream_id, batch.raw[r.stream_id], f"rejected by postgres: {e}") for r, e in rejected
-        ]
+        return _Stored(inserted, verdicts, rejected)
+
+    def _ack(self, batch: Batch, stored: _Stored | None) -> int:
+        """After the commit: dead letters, acknowledgement, counts; the rows stored."""
+        if stored is None:
+            return 0
+        rejected = stored.rejected
+        batch.dead += [(row[-1], batch.raw[row[-1]], e) for (_, row), e in rejected]
         if batch.lost:
             self._report_lost(batch.lost, "read")
         for sid, _, error in batch.dead:
             log.error("trace entry %s moved to %s: %s", sid, keys.TRACES_DEAD, error)
-        dups = len(batch.rows) - len(rejected) - inserted - verdicts
-        counts = {"harvest_entries": len(batch.ids), "harvest_rows": inserted}
-        counts |= {"harvest_verdicts": verdicts, "harvest_duplicates": dups}
+        dups = len(batch.rows) - len(rejected) - stored.inserted - stored.verdicts
+        counts = {"harvest_entries": len(batch.ids), "harvest_rows": stored.inserted}
+        counts |= {"harvest_verdicts": stored.verdicts, "harvest_duplicates": dups}
         self._finish(batch, {**counts, "harvest_dead_letter": len(batch.dead)})
-        return inserted + verdicts
+        return stored.inserted + stored.verdicts
 
-    def _store(self, rows: list[Staged]) -> tuple[tuple[int, int], list[tuple[Staged, str]]]:
-        """Write rows in one transaction: (members inserted, verdicts stored), rejected.
-        A row Postgres rejects (data, constraint) is isolated by halving, to be
-        dead-lettered; any other failure propagates."""
+    def _store(
+        self, rows: list[Staged], fresh: FreshRows | None
+    ) -> tuple[tuple[int, int], list[tuple[Staged, str]]]:
+        """Write rows in one transaction: (members inserted, verdicts stored), rejected
+        (with the reason). A first delivery is copied straight in; if any row is there
+        already or cannot be stored, that rolls back and the batch is merged instead."""
+        if not rows:
+            return (0, 0), []
+        if fresh is not None:
+            try:
+                return self._write(lambda cur: write_fresh(cur, fresh)), []
+            except (psycopg.DataError, psycopg.IntegrityError, OverflowError) as exc:
+                what = str(exc).strip().splitlines()[0]
+                log.info("a fresh batch of %d entries is merged instead (%s)", len(rows), what)
+        return self._merge(rows)
+
+    def _merge(self, rows: list[Staged]) -> tuple[tuple[int, int], list[tuple[Staged, str]]]:
+        """The deduplicating write. A row Postgres rejects (data, constraint), or whose
+        numbers no column can hold, is isolated by halving, to be dead-lettered; any other
+        failure propagates."""
         try:
-            return self._write(rows), []
-        except (psycopg.DataError, psycopg.IntegrityError) as exc:
+            return self._write(lambda cur: write(cur, rows)), []
+        except (psycopg.DataError, psycopg.IntegrityError, OverflowError) as exc:
             if len(rows) == 1:
-                return (0, 0), [(rows[0], str(exc).strip())]
+                by = "postgres" if isinstance(exc, psycopg.Error) else "the client"
+                return (0, 0), [(rows[0], f"rejected by {by}: {str(exc).strip()}")]
             mid = len(rows) // 2
-            (m1, v1), bad1 = self._store(rows[:mid])
-            (m2, v2), bad2 = self._store(rows[mid:])
+            (m1, v1), bad1 = self._merge(rows[:mid])
+            (m2, v2), bad2 = self._merge(rows[mid:])
             return (m1 + m2, v1 + v2), bad1 + bad2
 
-    def _write(self, rows: list[Staged]) -> tuple[int, int]:
+    def _write(self, how: Callable[[psycopg.Cursor[Any]], tuple[int, int]]) -> tuple[int, int]:
         with self.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            return write(cur, rows)
+            return how(cur)
 
-    def _finish(self, batch: _Batch, counts: dict[str, int]) -> None:
+    def _finish(self, batch: Batch, counts: dict[str, int]) -> None:
         """After the commit: dead letters, acknowledge and delete the batch, count — all
         or nothing (MULTI), so an entry is never acknowledged without its dead letter."""
         pipe = self.r.pipeline(transaction=True)
@@ -286,20 +350,7 @@ class Harvester:
 
     def lag(self) -> Lag:
         """Stream length, pending count and ages, on the Redis server's clock."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.time()
-        pipe.xlen(self.stream)
-        pipe.xpending(self.stream, self.group)
-        pipe.xrange(self.stream, count=1)
-        (secs, micros), length, pending, first = pipe.execute()
-        now_ms = secs * _MS + micros // _MS
-        oldest = pending.get("min")
-        return Lag(
-            stream_len=int(length),
-            pending=int(pending.get("pending") or 0),
-            oldest_pending_age_s=max(0, now_ms - _id_ms(oldest)) / _MS if oldest else None,
-            oldest_entry_age_s=max(0, now_ms - _id_ms(first[0][0])) / _MS if first else None,
-        )
+        return read_lag(self.r, self.stream, self.group)
 
     def update_lag(self) -> Lag:
         """Write the lag gauges to keys.METRICS and log them; above the buffer alarm,
