@@ -20,12 +20,12 @@ hotpath() {
   env -u HACO_REDIS_URL "$py" -m bench.runtime all --json out/bench/runtime.json > /dev/null
   env -u HACO_REDIS_URL "$py" -m bench.runtime growth planning \
     --json out/bench/growth.json > /dev/null
-  "$py" -m bench.ingest > out/bench/ingest.json
+  "$py" -m bench.ingest --harvesters 1 > out/bench/ingest.json
   "$py" -m bench.ingest --harvesters 2 > out/bench/ingest2.json
   "$py" -m bench.hotpath_report --runtime out/bench/runtime.json \
     --growth out/bench/growth.json --ingest out/bench/ingest.json \
     --ingest2 out/bench/ingest2.json \
-    --ingest-command "python -m bench.ingest" \
+    --ingest-command "python -m bench.ingest --harvesters 1" \
     --ingest2-command "python -m bench.ingest --harvesters 2" --doc docs/BENCHMARKS.md
 }
 

@@ -179,21 +179,25 @@ published. TTL: profile_ttl_s."""
 
 def hedge_delay_window(role: str) -> str:
     """List of recent completion latencies (seconds) of a role, newest first, trimmed to
-    settings.hedge_delay_window. TTL: profile_ttl_s, refreshed on write."""
+    settings.hedge_delay_window. Writers: a worker's report script (member_report.lua) or
+    RedisDelayWindow.record. TTL: profile_ttl_s, refreshed on write."""
     return f"{PREFIX}:delay:{role}"
 
 
 BUDGET = f"{PREFIX}:budget"
 """Hash: the fleet-wide hedge budget's two token buckets (see coordinator.state.budget): fields
 ``req`` (request-tokens), ``llm`` (LLM tokens), ``ts`` (last LLM refill, epoch seconds),
-``exhausted`` and ``spent`` (counters). Missing = both buckets full.
-TTL: budget_ttl_s, refreshed on every write (earn and every spend attempt)."""
+``exhausted`` and ``spent`` (counters), ``pend`` (request-tokens a coordinator's planning
+read credited, plan_read.lua: folded into ``req`` by the next budget script). Missing =
+both buckets full. TTL: budget_ttl_s, refreshed on every write (earn, every spend
+attempt, every credit)."""
 
 TRACES = f"{PREFIX}:traces"
 """Stream: one entry per executed member (field :data:`REPORT_FIELD`, a MemberReport) and
 one per closed hedge group (field :data:`VERDICT_FIELD`, a GroupVerdict), harvested into
-Postgres (members, link_observations, invocations). Capped at trace_stream_maxlen; TTL
-trace_stream_ttl_s, refreshed on every append.
+Postgres (members, link_observations, invocations). Writers: a worker's report script
+(member_report.lua, with its profile fold), a coordinator's close (close_group.lua).
+Capped at trace_stream_maxlen; TTL trace_stream_ttl_s, refreshed on every append.
 Read by the consumer group settings.harvest_group (coordinator.tracestore.harvester), which deletes
 each entry once its batch is committed: the length is the backlog not yet in Postgres."""
 
