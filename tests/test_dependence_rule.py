@@ -79,6 +79,31 @@ def test_joint_model_equals_enumeration_of_every_shock_pattern(data: st.DataObje
     assert got == pytest.approx(brute_force(fail, dep, members), abs=1e-9)
 
 
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.data())
+def test_the_product_table_gives_every_prefix_and_every_extension_exactly(
+    data: st.DataObject,
+) -> None:
+    """JointModel's vectorized forms (every prefix of an order; a set plus each member)
+    agree with p_all_fail one set at a time, and so with the enumeration above."""
+    n = data.draw(st.integers(1, 7))
+    fail = np.array(data.draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n)))
+    dep = data.draw(domains_st(n))
+    order = np.array(data.draw(st.permutations(range(n))), dtype=np.intp)
+    model = JointModel(fail, dep, max_domains=16)
+    one_by_one = [model.p_all_fail(order[: k + 1]) for k in range(n)]
+    assert model.p_all_fail_prefixes(order) == pytest.approx(one_by_one, abs=1e-12)
+    chosen = order[: data.draw(st.integers(1, n))]
+    each = model.p_all_fail_with_each(chosen)
+    if any(d.shock > 0 for d in dep.domains):
+        assert each is not None
+        for j in range(n):
+            want = model.p_all_fail(np.array([*chosen, j], dtype=np.intp))
+            assert each[j] == pytest.approx(want, abs=1e-12)
+    else:  # no shock to enumerate: the caller takes p_all_fail one by one
+        assert each is None
+
+
 @settings(max_examples=100, deadline=None, database=None)
 @given(st.data())
 def test_merging_domains_past_the_cap_never_understates_joint_failure(

@@ -48,9 +48,44 @@ class JointModel:
         with np.errstate(divide="ignore", invalid="ignore"):
             resid = np.where(survive > 0, 1.0 - (1.0 - fail) / survive, 1.0)
         self.residual: FloatArray = np.clip(resid, 0.0, 1.0)
+        self._tab: tuple[FloatArray, FloatArray] | None = None  # _table, built on first use
 
     def p_all_fail(self, members: npt.NDArray[np.intp]) -> float:
         return self._p_all_fail(members, self.residual)
+
+    def _table(self) -> tuple[FloatArray, FloatArray] | None:
+        """Every shock pattern's weight and each member's failure probability under it
+        (1 when a domain of the member is shocked, its residual otherwise): P(all of S
+        fail) = weight @ prod over S of the columns. Built once, only when every domain
+        can be enumerated (2^k patterns, k ≤ max_domains); None otherwise."""
+        k = self.shock.size
+        if k == 0 or k > self.max_domains:
+            return None
+        if self._tab is None:
+            patterns = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(bool)
+            weight = np.where(patterns, self.shock, 1.0 - self.shock).prod(axis=1)
+            hit = (patterns.astype(np.int64) @ self.member.astype(np.int64)) > 0
+            self._tab = (weight, np.where(hit, 1.0, self.residual))
+        return self._tab
+
+    def p_all_fail_prefixes(self, order: npt.NDArray[np.intp]) -> FloatArray:
+        """P(all fail) of every prefix of ``order``: one product table instead of one
+        enumeration per prefix (exact, as p_all_fail, when the domains fit the cap)."""
+        tab = self._table()
+        if tab is None:
+            return np.array([self.p_all_fail(order[: i + 1]) for i in range(order.size)])
+        weight, f = tab
+        return np.asarray(weight @ np.cumprod(f[:, order], axis=1), dtype=np.float64)
+
+    def p_all_fail_with_each(self, chosen: npt.NDArray[np.intp]) -> FloatArray | None:
+        """P(all of ``chosen`` and member j fail) for every member j at once; None when
+        the domains do not fit the cap (ask p_all_fail one by one)."""
+        tab = self._table()
+        if tab is None:
+            return None
+        weight, f = tab
+        base = weight * f[:, chosen].prod(axis=1)
+        return np.asarray(base @ f, dtype=np.float64)
 
     def p_shock_only(self, members: npt.NDArray[np.intp]) -> float:
         """P(all of S fail) from shared causes alone (every residual 0): what no number
@@ -130,7 +165,7 @@ def select(
     """
     model = JointModel(fail, dep, params.max_enumerated_domains)
     n = ranked.shape[0]
-    p_cum = np.array([1.0 - model.p_all_fail(ranked[: k + 1]) for k in range(n)])
+    p_cum = 1.0 - model.p_all_fail_prefixes(ranked)
     reached = np.flatnonzero(p_cum >= tau)
     achievable = float(p_cum[-1])
     if reached.size:
@@ -150,7 +185,7 @@ def select(
     rank_of = {int(c): i for i, c in enumerate(ranked)}
     head = sorted((int(c) for c in chosen), key=rank_of.__getitem__)
     order = np.array(head + [int(c) for c in ranked if int(c) not in set(head)], dtype=np.intp)
-    cum = np.array([1.0 - model.p_all_fail(order[: k + 1]) for k in range(n)])
+    cum = 1.0 - model.p_all_fail_prefixes(order)
     return Selection(order, size, float(cum[size - 1]), cum, stop, achievable, True)
 
 
@@ -162,8 +197,12 @@ def _greedy(
     p_fail = model.p_all_fail(np.array(chosen, dtype=np.intp))
     while len(chosen) < size and left:
         best, best_score, best_p = left[0], -1.0, p_fail
+        each = model.p_all_fail_with_each(np.array(chosen, dtype=np.intp))
         for j in left:  # U⁺ order: the first of equal scores wins, as in the ranking
-            p_with = model.p_all_fail(np.array([*chosen, j], dtype=np.intp))
+            if each is not None:
+                p_with = float(each[j])
+            else:
+                p_with = model.p_all_fail(np.array([*chosen, j], dtype=np.intp))
             survive = 1.0 - fail[j]
             rescue = (p_fail - p_with) / (p_fail * survive) if p_fail > 0 and survive > 0 else 0.0
             score = float(u_plus[j]) * rescue
