@@ -251,9 +251,10 @@ def test_a_members_redis_commands_do_not_grow_with_its_call(
         watcher.watch("warm-up").close()
         assert watcher.wait_subscribed(10.0)  # the watcher's own commands come before
         member_commands(r, "warm", Step(0.001), watcher)  # scripts loaded, epoch read once
-        short = member_commands(r, "short", Step(0.01), watcher)
+        # Both past the start-notice delay (20 ms): each sends its start token once.
+        short = member_commands(r, "short", Step(0.05), watcher)
         long = member_commands(r, "long", Step(0.3), watcher)
-        polled_short = member_commands(r, "p-short", Step(0.01), None)
+        polled_short = member_commands(r, "p-short", Step(0.05), None)
         polled_long = member_commands(r, "p-long", Step(0.3), None)
     finally:
         watcher.close()

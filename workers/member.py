@@ -30,6 +30,7 @@ from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.backends.base import Backend, BackendResult, DeltaBackend, StopCheck
+from workers.startnotice import StartNotice
 from workers.streamsink import ChunkSink, streaming_stop
 
 log = logging.getLogger(__name__)
@@ -130,8 +131,9 @@ def _execute(task: MemberTask, ctx: MemberContext, should_stop: StopCheck) -> Me
     store, now = ctx.store, ctx.clock()
     # The member's one read of its group, its start claim and its started token: one
     # round trip (coordinator.state.memberops).
+    token, delay_s = liveness.started_token(task.rank), ctx.settings.started_notice_delay_s
     start = MemberStart(
-        task.group_id, liveness.start_key(task.member_id), liveness.started_token(task.rank),
+        task.group_id, liveness.start_key(task.member_id), token if delay_s <= 0 else "",
         liveness.WORKER, now > task.deadline_at_s, ctx.settings.group_ttl_s,
     )  # fmt: skip
     state, started = store.start_member(start)
@@ -146,8 +148,15 @@ def _execute(task: MemberTask, ctx: MemberContext, should_stop: StopCheck) -> Me
             report = _not_started(task, FailureKind.CANCELLED, DECLARED_LOST, now)
         _reply(task, report, ctx)
         return report
-    backend = ctx.backends(task)
-    result = _call(task, backend, should_stop, ctx)
+    notice = None
+    if delay_s > 0:  # the start token only if the member runs that long (workers.startnotice)
+        notice = StartNotice(store, task.group_id, token, ctx.settings.group_ttl_s, delay_s)
+    try:
+        backend = ctx.backends(task)
+        result = _call(task, backend, should_stop, ctx)
+    finally:
+        if notice is not None:
+            notice.finish()
     if result.retry_after_s is not None:  # rate limited: not planned until it expires
         _cool_down(task, result.retry_after_s, ctx)
     outcome = _commit_once(task, backend, result, ctx)

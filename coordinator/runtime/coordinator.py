@@ -340,6 +340,11 @@ class Coordinator:
         if g.watch.gave_up_unstarted(rank):
             return  # declared not started: its worker's refusal to start, recorded lost
         g.reports[rank] = rep
+        if not g.watch.started(rank):  # it reported before its start token was due
+            # Its queue wait from the trace's start (the workers' start-notice delay).
+            wait = g.watch.on_started(rank, min(self.clock(), rep.trace.started_at_s))
+            if wait is not None:
+                self.waits.record(g.candidates[rank].zone, wait)
         given_up = rank in g.watch.given_up  # the launcher already counted it as failed
         g.watch.on_report(rank)
         if rep.trace.success or not given_up:

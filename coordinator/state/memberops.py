@@ -47,7 +47,7 @@ class Started(Enum):
 class MemberStart:
     group_id: str
     start_claim: str  # the claim's key (coordinator.runtime.liveness.start_key)
-    started_token: str  # pushed on the group's reply list when it starts
+    started_token: str  # pushed on the group's reply list when it starts ('': not now)
     owner: str  # the claimant's token (liveness.WORKER)
     past_deadline: bool  # the deadline passed before the start: do not start
     ttl_s: float  # the group's TTL

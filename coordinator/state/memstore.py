@@ -269,7 +269,8 @@ class MemoryStore:
                 return state, Started.NOT_STARTED
             if self.idem.setdefault(s.start_claim, s.owner) != s.owner:
                 return state, Started.DECLARED_LOST
-            self.push_reply(s.group_id, s.started_token, s.ttl_s)
+            if s.started_token:
+                self.push_reply(s.group_id, s.started_token, s.ttl_s)
             return state, Started.RUN
 
     def report_member(
