@@ -2,7 +2,8 @@
 ``started_notice_delay_s`` (HacoSettings): a member that reports sooner says it started
 with its report (coordinator.runtime.coordinator takes the start from the trace), which
 spares its coordinator a wake-up and a round trip. The token goes out on the process's
-timer thread (coordinator.runtime.timers), never after the member finished."""
+timer thread for coarse timers (coordinator.runtime.timers, 10 ms ticks), never
+after the member finished."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import threading
 
 from coordinator.errors import StoreError
 from coordinator.runtime.ports import RuntimeStore
-from coordinator.runtime.timers import TIMERS, Handle, Timers
+from coordinator.runtime.timers import COARSE_TIMERS, Handle, Timers
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ class StartNotice:
         token: str,
         ttl_s: float,
         delay_s: float,
-        timers: Timers = TIMERS,
+        timers: Timers = COARSE_TIMERS,
     ) -> None:
         self.store, self.group_id, self.token, self.ttl_s = store, group_id, token, ttl_s
         self._lock = threading.Lock()

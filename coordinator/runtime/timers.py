@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -33,8 +34,14 @@ class Handle:
 
 
 class Timers:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    """``resolution_s`` > 0 rounds due times up to its multiples, so actions due close
+    together (and cancelled ones, which are dropped when due) share one wake-up."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, resolution_s: float = 0.0
+    ) -> None:
         self._clock = clock
+        self._resolution_s = resolution_s
         self._heap: list[tuple[float, int, Handle, Action]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
@@ -45,11 +52,15 @@ class Timers:
         handle = Handle()
         with self._cond:
             at = self._clock() + max(0.0, delay_s)
+            if self._resolution_s > 0:
+                at = math.ceil(at / self._resolution_s) * self._resolution_s
+            earliest = not self._heap or at < self._heap[0][0]
             heapq.heappush(self._heap, (at, next(self._seq), handle, action))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="haco-timers", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if earliest:  # else the thread already wakes in time: no switch to it
+                self._cond.notify()
         return handle
 
     def _next(self) -> Action | None:
@@ -79,3 +90,5 @@ class Timers:
 
 
 TIMERS = Timers()  # the process's timer thread (started by the first schedule)
+# Workers' start notices (workers.startnotice): tens of ms, most cancelled; 10 ms ticks.
+COARSE_TIMERS = Timers(resolution_s=0.01)
