@@ -118,6 +118,8 @@ class Runtime:
     def close(self) -> None:
         self.dispatcher.close()  # every member done: every trace is in the stream
         self.cancels.close()
+        # Pending records of lost members would fire later into the next test's database.
+        self.coordinator.lost.close()
 
 
 def test_a_real_run_ends_with_its_verdict_in_postgres(
