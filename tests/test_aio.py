@@ -62,7 +62,7 @@ def fast(redis_db: redis.Redis, redis_url: str) -> Iterator[AsyncRuntime]:
     rt = build(redis_db, redis_url, {c: Step(0.005) for c in ("c0", "c1", "c2")})
     yield rt
     rt.dispatcher.close()
-    rt.coordinator.lost.close()  # no lost-member record fires into a later test
+    rt.coordinator.close()  # no lost-member record fires into a later test
 
 
 def hub_connections(r: redis.Redis, hub: ReplyHub) -> int:
@@ -106,7 +106,7 @@ def test_all_failed_raises_with_every_reason(redis_db: redis.Redis, redis_url: s
         (err,), _ = asyncio.run(run_many(rt, 1, redis_db))
     finally:
         rt.dispatcher.close()
-        rt.coordinator.lost.close()  # no lost-member record fires into a later test
+        rt.coordinator.close()  # no lost-member record fires into a later test
     assert isinstance(err, AllFailedError)
     assert len(err.failures) == 3
     assert all("scripted failure" in why for why in err.failures.values())
@@ -131,7 +131,7 @@ def test_staggered_backup_is_launched_by_the_awaits_timer(
         result = asyncio.run(one())
     finally:
         rt.dispatcher.close()
-        rt.coordinator.lost.close()  # no lost-member record fires into a later test
+        rt.coordinator.close()  # no lost-member record fires into a later test
     assert result.candidate_id == "c1" and result.backups >= 1  # type: ignore[attr-defined]
 
 
@@ -173,5 +173,5 @@ def test_a_cancelled_caller_leaves_the_group_to_close(
         asyncio.run(go())
     finally:
         rt.dispatcher.close()
-        rt.coordinator.lost.close()  # no lost-member record fires into a later test
+        rt.coordinator.close()  # no lost-member record fires into a later test
     assert len(list(redis_db.scan_iter("haco:g:*:winner"))) == 1

@@ -590,9 +590,9 @@ def test_the_api_key_appears_nowhere_but_in_the_request(
     finally:
         dispatcher.close()
         worker.http_client().close()
-        coord.lost.close()  # no lost-member record fires into a later test's database
+        coord.close()  # no lost-member record fires into a later test's database
         if failing is not None:
-            failing.lost.close()
+            failing.close()
     echoed = server.of("echo-auth")
     assert echoed and echoed[0].headers["authorization"] == f"Bearer {KEY}"  # it was sent
     stored = everything_in_redis(r)

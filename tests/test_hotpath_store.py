@@ -22,13 +22,13 @@ from coordinator.core.profiles import (
 from coordinator.runtime.ports import RuntimeStore
 from coordinator.state import keys
 from coordinator.state.codec import decode_candidate, decode_link
-from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
+from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
 from schemas.enums import FailureKind, GroupSignal
 
 TTL = 60.0
-LIMITS = ReportLimits(profile_ttl_s=TTL, trace_maxlen=1000, trace_ttl_s=TTL)
+LIMITS = OutcomeLimits(profile_ttl_s=TTL, trace_maxlen=1000, trace_ttl_s=TTL)
 INF = ProfileSettings()
 
 

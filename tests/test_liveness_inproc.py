@@ -69,7 +69,7 @@ def dark() -> Iterator[tuple[Runtime, DarkDispatcher]]:
     try:
         yield rt, dispatcher
     finally:
-        rt.coordinator.lost.close()
+        rt.coordinator.close()
         dispatcher.light()
         dispatcher.close()
         rt.dispatcher.close()
@@ -128,7 +128,7 @@ def test_a_zone_back_before_the_close_does_not_run_what_was_declared_lost() -> N
         assert [(t.failure_kind, t.lost) for t in mine] == [(FailureKind.NETWORK, True)]
     finally:
         back.cancel()
-        rt.coordinator.lost.close()
+        rt.coordinator.close()
         dispatcher.light()
         dispatcher.close()
         rt.dispatcher.close()
@@ -172,7 +172,7 @@ def test_a_dark_zone_sits_out_then_is_probed_again() -> None:
         lost = wait_for("the probe's loss", losses, 2.0)
         assert len(lost) == 2 and {t.lost for t in lost} == {True}  # two losses, once each
     finally:
-        rt.coordinator.lost.close()
+        rt.coordinator.close()
         dispatcher.light()
         dispatcher.close()
         rt.dispatcher.close()
@@ -237,7 +237,7 @@ def test_a_candidate_that_always_hangs_loses_its_rho_and_drops_out_of_hedge_sets
         last = rt.invoke()
         assert "c0" not in {m.candidate_id for m in last.members}
     finally:
-        rt.coordinator.lost.close()
+        rt.coordinator.close()
         backend.release.set()
         rt.dispatcher.close()
     # Released, the hung members finished: none of them was counted a second time.
@@ -257,10 +257,10 @@ def test_a_member_that_reports_after_its_patience_still_counts_once() -> None:
         res = rt.coordinator.invoke(invocation())
         assert res.state is GroupState.WON
         rt.dispatcher.close()
-        rt.coordinator.lost.close()
+        rt.coordinator.close()
         mine = [r.trace for r in traces(rt) if r.trace.group_id == res.group_id]
         assert sorted(t.rank for t in mine) == sorted({t.rank for t in mine})
         assert all(t.failure_kind is not FailureKind.TIMEOUT for t in mine)
     finally:
-        rt.coordinator.lost.close()
+        rt.coordinator.close()
         rt.dispatcher.close()

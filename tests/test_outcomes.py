@@ -119,7 +119,7 @@ class Runtime:
         self.dispatcher.close()  # every member done: every trace is in the stream
         self.cancels.close()
         # Pending records of lost members would fire later into the next test's database.
-        self.coordinator.lost.close()
+        self.coordinator.close()
 
 
 def test_a_real_run_ends_with_its_verdict_in_postgres(

@@ -55,9 +55,9 @@ from coordinator.core.profiles import (
 from coordinator.errors import InputError, StoreError
 from coordinator.runtime.pool import default_pool
 from coordinator.state import epochs, keys
-from coordinator.state.memberops import MemberOutcome, ReportLimits
+from coordinator.state.memberops import MemberOutcome, OutcomeLimits
 from coordinator.state.memstore import MemoryStore
-from coordinator.state.store import OutcomeLimits, RedisStore
+from coordinator.state.store import RedisStore
 from coordinator.tracestore.db import connect
 from coordinator.tracestore.harvester import Harvester
 from coordinator.tracestore.profilesql import aggregate, split_id
@@ -276,8 +276,7 @@ def record(store: RedisStore, trace: MemberTrace, cfg: ProfileSettings = INF) ->
         trace.group_id, report.model_dump_json(), 60.0, True, f"outcome:{trace.member_id}",
         "worker", trace.candidate_id, obs, link_id(src, dst), src, dst, legs,
     )  # fmt: skip
-    limits = ReportLimits(LIMITS.profile_ttl_s, LIMITS.trace_maxlen, LIMITS.trace_ttl_s)
-    assert store.report_member(outcome, cfg, limits)
+    assert store.report_member(outcome, cfg, LIMITS)
 
 
 def _ts(at_s: float) -> datetime:

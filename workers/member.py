@@ -26,7 +26,7 @@ from coordinator.errors import StoreError
 from coordinator.runtime import liveness
 from coordinator.runtime.ports import DelayWindow, RuntimeStore
 from coordinator.state.cancelwatch import CancelWatcher
-from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
+from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.backends.base import Backend, BackendResult, DeltaBackend, StopCheck
@@ -250,7 +250,7 @@ def _report_and_harvest(
         link_id(src, dst), src, dst, legs, task.candidate.role,
         latency if in_store else None, s.hedge_delay_window,
     )  # fmt: skip
-    limits = ReportLimits(s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s)
+    limits = OutcomeLimits(s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s)
     recorded = store.report_member(outcome, ctx.profile_settings, limits)
     if recorded and success and not in_store and ctx.delays is not None:
         ctx.delays.record(task.candidate.role, latency)

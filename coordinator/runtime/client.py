@@ -157,7 +157,7 @@ class HacoClient:
 
     def close(self) -> None:
         self.submitter.close()  # accepted invocations finish and store their outcomes
-        self.coordinator.lost.close()  # pending records of lost members: dropped
+        self.coordinator.close()  # pending records of lost members: dropped
         self.redis.close()
         self.app.close()
 

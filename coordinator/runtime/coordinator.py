@@ -28,7 +28,7 @@ from coordinator.core.evidence import DependenceMemo, PoolMember, build_view, li
 from coordinator.core.methods import Haco, PoolView
 from coordinator.core.params import PolicyParams, ProfileSettings
 from coordinator.core.stagger import Launch, Launcher
-from coordinator.core.winner import Report, Verdict, verdict
+from coordinator.core.winner import Verdict, verdict
 from coordinator.errors import (
     AllFailedError,
     DeadlineError,
@@ -39,10 +39,13 @@ from coordinator.runtime import judging
 from coordinator.runtime.group import (
     Alarm,
     Group,
+    deadline_verdict,
     final_state,
     group_verdict,
+    launched_reports,
     metrics,
     summaries,
+    won_result,
 )
 from coordinator.runtime.liveness import (
     LostRecorder,
@@ -102,6 +105,12 @@ class Coordinator:
         self._cofailure: CoFailure | None = None
         self._cofailure_at = -math.inf
         self._dependence = DependenceMemo(self.profile_settings)
+
+    def close(self) -> None:
+        """Drop what is pending in this process: the deferred records of lost members
+        (coordinator.runtime.liveness), which would otherwise still write after the
+        caller is gone."""
+        self.lost.close()
 
     # -- deciding ---------------------------------------------------------------------
     def view(self, role: str, request_bytes: float) -> tuple[list[Candidate], PoolView]:
@@ -241,21 +250,9 @@ class Coordinator:
         g.state = GroupState.RUNNING
         return cand.zone, task
 
-    def _reports(self, g: Group) -> list[Report | None]:
-        """Reports of the launched prefix, relative to the group start."""
-        out: list[Report | None] = []
-        for rank in range(g.launcher.launched):
-            rep = g.reports[rank]
-            if rep is None:
-                out.append(None)
-            else:
-                t = rep.trace
-                out.append(Report(t.finished_at_s - g.t0, t.success, t.quality))
-        return out
-
     def _verdict(self, g: Group) -> Verdict:
         # A member given up on (core.patience) reads as failed: it holds back no one.
-        v = verdict(g.call.winner_mode, g.watch.reports(self._reports(g), g.t0))
+        v = verdict(g.call.winner_mode, g.watch.reports(launched_reports(g), g.t0))
         if v.all_failed and g.launcher.pending:
             return Verdict(False)  # not all failed yet: a replacement is due
         return v
@@ -290,7 +287,7 @@ class Coordinator:
         if v.decided:
             return v
         if now >= g.deadline_at:
-            return self._deadline_verdict(g)
+            return deadline_verdict(g)
         return None
 
     def _wait_loop(self, g: Group) -> Verdict:
@@ -350,12 +347,6 @@ class Coordinator:
         if rep.trace.success or not given_up:
             g.launcher.on_report(rep.trace.success)
 
-    def _deadline_verdict(self, g: Group) -> Verdict:
-        span = g.deadline_at - g.t0
-        reps = [r if r is not None else Report(span, False) for r in self._reports(g)]
-        v = verdict(g.call.winner_mode, reps)
-        return v if v.winner is not None else Verdict(True, None)
-
     def _finish(self, g: Group, v: Verdict) -> InvocationResult:
         now = self.clock()
         state = final_state(g, v.winner, now)
@@ -390,31 +381,11 @@ class Coordinator:
         if closed.applied:
             self._record_lost(g, now, cancel)
         if win is not None:
-            return self._result(g, win, members, now)
+            return won_result(g, win, members, now)
         failures = {m.member_id: m.reason or m.status.value for m in members if m.launched}
         if state is GroupState.DEADLINE:
             raise DeadlineError(g.id, g.call.deadline_s, failures)
         raise AllFailedError(g.id, failures)
-
-    def _result(
-        self, g: Group, win: int, members: list[MemberSummary], now: float
-    ) -> InvocationResult:
-        rep, c = g.reports[win], g.candidates[win]
-        return InvocationResult(
-            g.id,
-            g.role,
-            GroupState.WON,
-            g.member_id(win),
-            c.id,
-            c.zone,
-            rep.output if rep else None,
-            rep.trace.quality if rep else None,
-            g.decision.p_success,
-            g.decision.stop,
-            now - g.t0,
-            members,
-            g.backups,
-        )
 
     def _record_lost(self, g: Group, now: float, cancel: bool) -> None:
         """Members launched without a report count against their candidate or its link

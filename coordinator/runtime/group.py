@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from coordinator.core.methods import Decision
 from coordinator.core.patience import GaveUp, Watch
 from coordinator.core.stagger import Launcher
+from coordinator.core.winner import Report, Verdict, verdict
 from coordinator.runtime.pool import CallSettings
-from coordinator.runtime.results import MemberSummary
+from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.runtime.timers import TIMERS, Handle, Timers
 from schemas.enums import GroupState, MemberStatus, WinnerMode
 from schemas.models import Candidate, GroupVerdict, MemberReport, RoleInvocation
@@ -130,6 +131,37 @@ def group_verdict(
         winner_rule=g.winner_rule,
         fallback_reason=g.fallback_reason,
     )
+
+
+def launched_reports(g: Group) -> list[Report | None]:
+    """Reports of the launched prefix, relative to the group start."""
+    out: list[Report | None] = []
+    for rank in range(g.launcher.launched):
+        rep = g.reports[rank]
+        if rep is None:
+            out.append(None)
+        else:
+            t = rep.trace
+            out.append(Report(t.finished_at_s - g.t0, t.success, t.quality))
+    return out
+
+
+def deadline_verdict(g: Group) -> Verdict:
+    """At the deadline, an unreported member counts as failed at the deadline."""
+    span = g.deadline_at - g.t0
+    reps = [r if r is not None else Report(span, False) for r in launched_reports(g)]
+    v = verdict(g.call.winner_mode, reps)
+    return v if v.winner is not None else Verdict(True, None)
+
+
+def won_result(g: Group, win: int, members: list[MemberSummary], now: float) -> InvocationResult:
+    """What the caller gets from a group won by rank ``win``."""
+    rep, c = g.reports[win], g.candidates[win]
+    return InvocationResult(
+        g.id, g.role, GroupState.WON, g.member_id(win), c.id, c.zone,
+        rep.output if rep else None, rep.trace.quality if rep else None,
+        g.decision.p_success, g.decision.stop, now - g.t0, members, g.backups,
+    )  # fmt: skip
 
 
 def final_state(g: Group, winner: int | None, now: float) -> GroupState:

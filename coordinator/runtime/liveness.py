@@ -46,7 +46,7 @@ from coordinator.core.params import ProfileSettings
 from coordinator.core.patience import Budgets, GaveUp, Watch, patience_s, start_timeout_s
 from coordinator.runtime.group import Group
 from coordinator.runtime.ports import RuntimeStore
-from coordinator.state.store import OutcomeLimits
+from coordinator.state.memberops import OutcomeLimits
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import Candidate, MemberReport, MemberTrace
 from schemas.pool import SimSection

@@ -18,9 +18,9 @@ from coordinator.core.profiles import (
     LinkProfile,
 )
 from coordinator.state.budget import BudgetSnapshot
-from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
+from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
 from coordinator.state.profilecache import PlanRead
-from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, OutcomeLimits
+from coordinator.state.store import CloseLimits, GroupClose, GroupClosed
 from schemas.enums import GroupSignal
 from schemas.models import MemberTask
 
@@ -98,7 +98,7 @@ class RuntimeStore(Protocol):
 
     def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]: ...
     def report_member(
-        self, o: MemberOutcome, settings: ProfileSettings, limits: ReportLimits
+        self, o: MemberOutcome, settings: ProfileSettings, limits: OutcomeLimits
     ) -> bool: ...
     def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None: ...
     def metrics(self) -> dict[str, int]: ...

@@ -75,8 +75,8 @@ class MemberOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class ReportLimits:
-    """TTLs and caps a report is written with (HacoSettings')."""
+class OutcomeLimits:
+    """TTLs and the stream cap a recorded outcome is written with (HacoSettings')."""
 
     profile_ttl_s: float
     trace_maxlen: int
@@ -134,22 +134,22 @@ class RedisMemberOps:
     _guard: Callable[..., Any]
     records_delays = True  # report_member writes the hedge-delay window (keys.hedge_delay_window)
 
-    def _member_scripts(self) -> tuple[Any, Any]:
-        scripts: tuple[Any, Any] | None = getattr(self, "_member_scripts_cache", None)
-        if scripts is None:
-            scripts = (
-                self.r.register_script(lua("member_start")),
-                self.r.register_script(lua("profile_fold") + lua("member_report")),
-            )
-            self._member_scripts_cache = scripts
-        return scripts
+    def _init_member_ops(self, client: redis.Redis) -> None:
+        """Register the two scripts (EVALSHA: their text is sent once): the store's init."""
+        self._start_script = client.register_script(lua("member_start"))
+        self._report_script = client.register_script(lua("profile_fold") + lua("member_report"))
 
     def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]:
         """The group's signal at the start, and whether the member runs."""
-        script = self._member_scripts()[0]
+        script = self._start_script
         names = [keys.group_state(s.group_id), keys.idempotency(s.start_claim),
                  keys.group_replies(s.group_id)]  # fmt: skip
-        args = [s.owner, max(1, int(s.ttl_s * _MS)), s.started_token, int(s.past_deadline)]
+        args: list[str | int] = [
+            s.owner,
+            max(1, int(s.ttl_s * _MS)),
+            s.started_token,
+            int(s.past_deadline),
+        ]
 
         def run() -> tuple[GroupSignal | None, Started]:
             state, code = script(keys=names, args=args)
@@ -159,11 +159,11 @@ class RedisMemberOps:
         return result
 
     def report_member(
-        self, o: MemberOutcome, settings: ProfileSettings, limits: ReportLimits
+        self, o: MemberOutcome, settings: ProfileSettings, limits: OutcomeLimits
     ) -> bool:
         """Reply, then (``harvest``, and the outcome is this worker's) delay sample,
         profile fold and trace, in one script; True when the outcome was recorded."""
-        script = self._member_scripts()[1]
+        script = self._report_script
         names = [
             keys.group_replies(o.group_id), keys.idempotency(o.outcome_claim or "-"),
             keys.PROFILE_EPOCH, keys.TRACES, keys.hedge_delay_window(o.role or "-"),

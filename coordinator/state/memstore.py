@@ -21,9 +21,9 @@ from coordinator.core.profiles import (
     update_link_many,
 )
 from coordinator.state import keys
-from coordinator.state.memberops import MemberOutcome, MemberStart, ReportLimits, Started
+from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
 from coordinator.state.profilecache import PlanRead
-from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, OutcomeLimits
+from coordinator.state.store import CloseLimits, GroupClose, GroupClosed
 from schemas.enums import GroupSignal
 
 
@@ -274,17 +274,16 @@ class MemoryStore:
             return state, Started.RUN
 
     def report_member(
-        self, o: MemberOutcome, settings: ProfileSettings, limits: ReportLimits
+        self, o: MemberOutcome, settings: ProfileSettings, limits: OutcomeLimits
     ) -> bool:
         with self._lock:
             self.push_reply(o.group_id, o.report, o.ttl_s)
             if not o.harvest or self.idem.setdefault(o.outcome_claim, o.owner) != o.owner:
                 return False
-            if o.cand_obs is not None:
-                self.update_candidate(o.candidate_id, o.cand_obs, settings, limits.profile_ttl_s)
-            if o.link_obs:
-                self.update_link(o.link_id, o.src, o.dst, o.link_obs, settings, 0.0)
-            self.append_trace(o.report, limits.trace_maxlen, limits.trace_ttl_s)
+            self.record_outcome(
+                o.candidate_id, o.cand_obs, o.link_id, o.src, o.dst, o.link_obs, o.report,
+                settings, limits,
+            )  # fmt: skip
             return True
 
     def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None:

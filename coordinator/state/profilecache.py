@@ -57,22 +57,19 @@ def _merged(values: Sequence[bytes | str], decode: Any, merge: Any, s: ProfileSe
 
 
 class RedisPlanReads:
-    """Needs ``self.r``, ``self._guard`` and ``self.profile_settings``: a RedisStore mixin.
-    ``view_max_age_s`` and ``view_clock`` may be set by the store's constructor."""
+    """Needs ``self._guard`` and ``self.profile_settings``: a RedisStore mixin, set up by
+    :meth:`_init_plan_reads`. ``view_clock`` (the cache's age) may be replaced (tests)."""
 
-    r: redis.Redis
     profile_settings: ProfileSettings
     _guard: Callable[..., Any]
-    view_max_age_s: float = 30.0
     view_clock: Clock = time.monotonic
 
-    def _plan_state(self) -> tuple[Any, dict[str, _Entry], threading.Lock]:
-        state: tuple[Any, dict[str, _Entry], threading.Lock] | None
-        state = getattr(self, "_plan_cache", None)
-        if state is None:
-            state = (self.r.register_script(lua("plan_read")), {}, threading.Lock())
-            self._plan_cache = state
-        return state
+    def _init_plan_reads(self, client: redis.Redis, view_max_age_s: float) -> None:
+        """The read's script and an empty cache: the store's init."""
+        self.view_max_age_s = view_max_age_s
+        self._plan_script = client.register_script(lua("plan_read"))
+        self._plan_cache: dict[str, _Entry] = {}  # "c:<id>" / "l:<id>" -> what was read
+        self._plan_lock = threading.Lock()
 
     def read_for_plan(
         self,
@@ -86,7 +83,7 @@ class RedisPlanReads:
         :meth:`RedisStore.load_view`), the cooling candidates, ``open_group`` opened with
         ``group_ttl_s`` (:meth:`RedisStore.open_group`) and the hedge budget credited with
         ``credit`` (RedisBudget.plan_credit), in the same script."""
-        script, cache, lock = self._plan_state()
+        script, cache, lock = self._plan_script, self._plan_cache, self._plan_lock
         fields = [f"c:{c}" for c in candidate_ids] + [f"l:{lk}" for lk in link_ids]
         now = self.view_clock()
         with lock:  # the entries this read relies on, as they are now

@@ -50,22 +50,13 @@ from coordinator.state.epochs import (
     write_delta,
 )
 from coordinator.state.lua import lua
-from coordinator.state.memberops import RedisMemberOps
+from coordinator.state.memberops import OutcomeLimits, RedisMemberOps
 from coordinator.state.outcomes import RedisOutcomes
 from coordinator.state.profilecache import RedisPlanReads
 from coordinator.state.sideops import RedisSideOps
 from schemas.enums import GroupSignal
 
 _MS = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class OutcomeLimits:
-    """TTLs and the stream cap a recorded outcome is written with (HacoSettings')."""
-
-    profile_ttl_s: float
-    trace_maxlen: int
-    trace_ttl_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +139,9 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
     ) -> None:
         self.r = client
         self.profile_settings = profile_settings or ProfileSettings()
-        self.view_max_age_s = view_max_age_s
         self._close = client.register_script(lua("close_group"))  # EVALSHA: sent once
+        self._init_member_ops(client)
+        self._init_plan_reads(client, view_max_age_s)
         # Threads of one worker that fold into the same delta key would make each other's
         # WATCH fail and retry; queueing them on a per-key lock in the process costs less.
         self._key_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
