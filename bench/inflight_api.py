@@ -41,6 +41,7 @@ from coordinator.runtime.results import InvocationResult
 from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.state import keys
 from coordinator.state.broker import with_db
+from coordinator.state.opening import GroupOpening
 from coordinator.state.store import RedisStore
 from schemas.models import BackendSpec, Candidate, MemberTask
 from schemas.pool import PoolConfig
@@ -79,7 +80,11 @@ class Responder:
         loop = asyncio.get_running_loop()  # ainvoke sends from the event loop
         loop.call_later(self.hold_s, self.pool.submit, execute_member, task, self.ctx)
 
-    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+    def send_many(
+        self, items: Sequence[tuple[str, MemberTask]], opening: GroupOpening | None = None
+    ) -> None:
+        if opening is not None:
+            opening.open()
         for zone, task in items:
             self.send(zone, task)
 

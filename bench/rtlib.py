@@ -35,6 +35,7 @@ from coordinator.services.supervisor import Stack
 from coordinator.state import keys
 from coordinator.state.broker import with_db
 from coordinator.state.hedgedelay import RedisDelayWindow
+from coordinator.state.opening import GroupOpening
 from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, RedisStore
 from schemas.models import MemberTask
 
@@ -231,7 +232,7 @@ class TimedStore(RedisStore):
 
 class TimedDispatcher(CeleryDispatcher):
     def __init__(self, app: Any, zones: frozenset[str], marks: Marks) -> None:
-        super().__init__(app, zones)
+        super().__init__(app, zones, app_db=keys.APP_DB)
         self.marks = marks
 
     def send(self, zone: str, task: MemberTask) -> None:
@@ -239,10 +240,12 @@ class TimedDispatcher(CeleryDispatcher):
         super().send(zone, task)
         self.marks.sent[task.group_id][task.rank] = (t0, time.time())
 
-    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+    def send_many(
+        self, items: Sequence[tuple[str, MemberTask]], opening: GroupOpening | None = None
+    ) -> None:
         # One round trip for the batch: each of its members was sent between its ends.
         t0 = time.time()
-        super().send_many(items)
+        super().send_many(items, opening)
         t1 = time.time()
         for _, task in items:
             self.marks.sent[task.group_id][task.rank] = (t0, t1)

@@ -204,6 +204,12 @@ class HacoSettings(BaseSettings):
     # version counters, keys.PROFILE_VERSIONS), and re-reads it after this long all the
     # same: an expired delta changes a profile without a write.
     profile_view_max_age_s: Seconds = 30.0
+    # A role's view (its profiles and cooldowns) read this recently is planned on again
+    # without a read: the group is then opened, and the budget credited, in the round
+    # trip that sends its members. A profile moves by one observation per report, so a
+    # view this old decides as a fresh one would; a failure or a lost member this
+    # process sees makes its role read afresh at once. 0: read before every plan.
+    plan_view_fresh_s: Annotated[float, Field(ge=0.0, le=60.0, allow_inf_nan=False)] = 0.05
 
     # Celery. The broker's visibility timeout must exceed the longest deadline, or a
     # slow unacknowledged member would be redelivered to a second worker.

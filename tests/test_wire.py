@@ -29,6 +29,7 @@ from coordinator.errors import AllFailedError, InputError, StoreError
 from coordinator.runtime.dispatch import CeleryDispatcher, ThreadDispatcher
 from coordinator.state.broker import BROKER_TRANSPORT, celery_conf
 from coordinator.state.keys import MEMBER_TASK, queue_for
+from coordinator.state.opening import GroupOpening
 from schemas.enums import LaunchMode
 from schemas.models import BackendSpec, Candidate, MemberTask, Message
 
@@ -270,9 +271,11 @@ class Recording:
         self.calls.append(("send", [task.rank]))
         self.inner.send(zone, task)
 
-    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+    def send_many(
+        self, items: Sequence[tuple[str, MemberTask]], opening: GroupOpening | None = None
+    ) -> None:
         self.calls.append(("send_many", [t.rank for _, t in items]))
-        self.inner.send_many(items)
+        self.inner.send_many(items, opening)
 
 
 @pytest.mark.parametrize("mode", [LaunchMode.PARALLEL, LaunchMode.STAGGERED])

@@ -76,7 +76,7 @@ class HacoClient:
         self.coordinator = Coordinator(
             self.pool,
             self.store,
-            CeleryDispatcher(self.app, self.pool.zones),
+            CeleryDispatcher(self.app, self.pool.zones, app_db=keys.APP_DB),
             RedisBudget(self.redis, self.settings),
             RedisDelayWindow(self.redis, self.settings),
             self.settings,

@@ -58,8 +58,10 @@ from coordinator.runtime.pool import Pool, endpoint_host
 from coordinator.runtime.ports import DelayWindow, Dispatcher, HedgeBudget, RuntimeStore
 from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.state import keys
+from coordinator.state.opening import GroupOpening
+from coordinator.state.profilecache import PlanRead
 from coordinator.state.store import CloseLimits, GroupClose
-from schemas.enums import GroupSignal, GroupState, LaunchMode
+from schemas.enums import GroupSignal, GroupState, LaunchMode, MemberStatus
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 
 Clock = Callable[[], float]
@@ -105,6 +107,7 @@ class Coordinator:
         self._cofailure: CoFailure | None = None
         self._cofailure_at = -math.inf
         self._dependence = DependenceMemo(self.profile_settings)
+        self._stale: set[str] = set()  # roles whose next view is read, whatever its age
 
     def close(self) -> None:
         """Drop what is pending in this process: the deferred records of lost members
@@ -120,9 +123,10 @@ class Coordinator:
 
     def _view(
         self, role: str, request_bytes: float, open_group: str | None, credit: Credit
-    ) -> tuple[list[Candidate], PoolView, bool]:
+    ) -> tuple[list[Candidate], PoolView, PlanRead]:
         """:meth:`view`, with ``open_group`` opened and the budget credited in the same
-        round trip (RuntimeStore.read_for_plan); True when it credited the budget."""
+        round trip (RuntimeStore.read_for_plan), unless the store answered from a view
+        read within plan_view_fresh_s (nothing opened: PlanRead.opened)."""
         cands = self.pool.candidates(role)
         for c in cands:
             self.pool.check_zone(c.zone)
@@ -130,7 +134,10 @@ class Coordinator:
         lids = sorted({link_id(caller, c.zone) for c in cands})
         ttl_s = self.settings.group_ttl_s
         ids = [c.id for c in cands]
-        read = self.store.read_for_plan(ids, lids, open_group, ttl_s, credit)
+        # A failure or a lost member this process saw makes the role's next view fresh.
+        fresh_s = 0.0 if role in self._stale else self.settings.plan_view_fresh_s
+        self._stale.discard(role)
+        read = self.store.read_for_plan(ids, lids, open_group, ttl_s, credit, fresh_s)
         # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
         cands = [c for c in cands if c.id not in read.cooling] or cands
         members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
@@ -138,7 +145,7 @@ class Coordinator:
             members, caller, read.candidates, read.links, request_bytes, self.profile_settings,
             self._dependence.get(members, self.cofailure()),
         )  # fmt: skip
-        return cands, view, read.credited
+        return cands, view, read
 
     def cofailure(self) -> CoFailure | None:
         """The co-failure evidence the policy counts (the latest snapshot's)."""
@@ -158,10 +165,15 @@ class Coordinator:
         request_bytes = payload_bytes(inv.payload)  # k: the JSON messages (spec §13)
         group_id = group_id or self.new_id()
         # The group is opened, and the budget credited, by the round trip that reads the
-        # profiles.
-        cands, view, credited = self._view(
-            inv.role, request_bytes, group_id, self.budget.plan_credit()
-        )
+        # profiles; or, when no read was due, by the one that sends the first members.
+        credit = self.budget.plan_credit()
+        cands, view, read = self._view(inv.role, request_bytes, group_id, credit)
+        opening = None
+        if not read.opened:
+            ttl_s = self.settings.group_ttl_s
+            opening = GroupOpening(group_id, ttl_s, credit, functools.partial(
+                self.store.read_for_plan, [], [], group_id, ttl_s, credit
+            ))  # fmt: skip
         decision = Haco(call.params).decide(view, self.rng)
         members = decision.members
         if not inv.idempotent:
@@ -189,7 +201,8 @@ class Coordinator:
             watch=watch,
             reports=[None] * n,
             launched_at=[None] * n,
-            credited=credited,
+            credited=read.credited or (opening is not None and credit is not None),
+            opening=opening,
         )
 
     # -- running ----------------------------------------------------------------------
@@ -214,8 +227,11 @@ class Coordinator:
     def _launch_initial(self, g: Group) -> None:
         """The initial launches (also runtime.aio's) in one send_many: one round trip."""
         sends = [p for x in g.launcher.initial() if (p := self._prepare(g, x)) is not None]
+        opening, g.opening = g.opening, None
         if sends:
-            self.dispatcher.send_many(sends)
+            self.dispatcher.send_many(sends, opening)
+        elif opening is not None:
+            opening.open()
 
     def _prepare(self, g: Group, launch: Launch) -> tuple[str, MemberTask] | None:
         """Charge ``launch`` (a backup) to the budget and note it launched; its (zone,
@@ -327,6 +343,7 @@ class Coordinator:
                 zone = g.candidates[rank].zone
                 dark = [c.id for c in self.pool.config.candidates if c.zone == zone]
                 self.lost.zone_dark(dark, now)
+                self._stale.add(g.role)
             else:  # its worker took it just now: it started
                 g.watch.on_started(rank, now)
 
@@ -337,6 +354,8 @@ class Coordinator:
         if g.watch.gave_up_unstarted(rank):
             return  # declared not started: its worker's refusal to start, recorded lost
         g.reports[rank] = rep
+        if rep.trace.status in (MemberStatus.FAILED, MemberStatus.TIMED_OUT):
+            self._stale.add(g.role)
         if not g.watch.started(rank):  # it reported before its start token was due
             # Its queue wait from the trace's start (the workers' start-notice delay).
             wait = g.watch.on_started(rank, min(self.clock(), rep.trace.started_at_s))

@@ -27,7 +27,10 @@ from coordinator.errors import StoreError
 from coordinator.runtime.pool import check_zone
 from coordinator.state.broker import celery_conf
 from coordinator.state.celery_wire import MemberWire, wire_unsupported
-from coordinator.state.keys import MEMBER_TASK, queue_for
+from coordinator.state.keys import BROKER_DB, BUDGET, MEMBER_TASK, group_state, queue_for
+from coordinator.state.lua import lua
+from coordinator.state.opening import GroupOpening
+from schemas.enums import GroupSignal
 from schemas.models import MemberTask
 
 MemberRunner = Callable[[MemberTask], object]
@@ -61,9 +64,18 @@ class CeleryDispatcher:
     """Members onto ``haco.zone.<zone>`` queues of ``app``'s Redis broker.
 
     ``broker``: the Redis client on the broker's database (default: one from
-    ``app.conf.broker_url``, made here, closed by :meth:`close`)."""
+    ``app.conf.broker_url``, made here, closed by :meth:`close`). ``app_db``: the
+    database of HACO's own keys on the broker's server (keys.APP_DB, as HacoClient's);
+    with it a group's opening rides in its members' round trip (open_send.lua), without
+    it the opening's own round trip goes first."""
 
-    def __init__(self, app: Any, zones: frozenset[str], broker: redis.Redis | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        zones: frozenset[str],
+        broker: redis.Redis | None = None,
+        app_db: int | None = None,
+    ) -> None:
         self.app = app
         self.zones = zones
         self.broker_url = redacted(str(app.conf.broker_url))
@@ -76,20 +88,34 @@ class CeleryDispatcher:
             self.redis = broker or redis.Redis.from_url(
                 str(app.conf.broker_url), retry=PUBLISH_RETRY
             )
+        self.app_db = app_db
+        self._open_send = (
+            None if self.redis is None else self.redis.register_script(lua("open_send"))
+        )
         # Queues whose binding this dispatcher wrote (send_task declares once too).
         self._declared: set[str] = set()
 
     def send(self, zone: str, task: MemberTask) -> None:
         self._publish([(zone, task)])
 
-    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+    def send_many(
+        self, items: Sequence[tuple[str, MemberTask]], opening: GroupOpening | None = None
+    ) -> None:
         """Every (zone, member) of ``items`` in one round trip, in order: members of one
-        queue are taken in the order given."""
-        self._publish(items)
+        queue are taken in the order given. ``opening``: the group is opened (and the
+        budget credited) first, in the same round trip where it can be."""
+        self._publish(items, opening)
 
-    def _publish(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+    def _publish(
+        self, items: Sequence[tuple[str, MemberTask]], opening: GroupOpening | None = None
+    ) -> None:
         for zone, _ in items:
             check_zone(zone, self.zones)
+        fused = opening is not None and self.app_db is not None
+        if self.wire is None or self.redis is None or _publish_hooked() or not items:
+            fused = False
+        if opening is not None and not fused:
+            opening.open()  # its own round trip, before any member can start
         if self.wire is None or self.redis is None or _publish_hooked():
             for zone, task in items:
                 self.send_task(zone, task)
@@ -97,20 +123,24 @@ class CeleryDispatcher:
         wire = self.wire
         reply_to = self.app.thread_oid
         declared: list[str] = []
-        pipe = self.redis.pipeline(transaction=True)  # a group is queued whole or not at all
+        bindings: list[tuple[str, str]] = []
+        entries: list[tuple[str, str]] = []
         for zone, task in items:
             queue = wire.queue(queue_for(zone))
             if queue.name not in self._declared and queue.name not in declared:
                 # The queue's binding, as send_task declares it: kombu routes messages
                 # that name the exchange (celery call, other senders) by this table.
-                pipe.sadd(queue.binding_key, queue.binding)
-                pipe.sadd(queue.permanent_key, queue.binding)
+                bindings.append((queue.binding_key, queue.binding))
+                bindings.append((queue.permanent_key, queue.binding))
                 declared.append(queue.name)
             args = wire.encode_args([task.model_dump(mode="json")])
             _, entry = wire.message(queue, args, reply_to)
-            pipe.lpush(queue.key, entry)
+            entries.append((queue.key, entry))
         try:
-            pipe.execute()
+            if fused and opening is not None:
+                self._send_opening(opening, bindings, entries)
+            else:
+                self._send(bindings, entries)
         except redis.RedisError as exc:
             members = ", ".join(f"{t.member_id} to {queue_for(z)}" for z, t in items)
             lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
@@ -119,9 +149,38 @@ class CeleryDispatcher:
                 f"the Celery broker at {self.broker_url} is {why}, failed to send member "
                 f"{members}: {exc}"
             ) from exc
+        self._declared.update(declared)
+
+    def _send(self, bindings: list[tuple[str, str]], entries: list[tuple[str, str]]) -> None:
+        assert self.redis is not None
+        pipe = self.redis.pipeline(transaction=True)  # a group is queued whole or not at all
+        try:
+            for key, member in bindings:
+                pipe.sadd(key, member)
+            for key, entry in entries:
+                pipe.lpush(key, entry)
+            pipe.execute()
         finally:
             pipe.reset()
-        self._declared.update(declared)
+
+    def _send_opening(
+        self, o: GroupOpening, bindings: list[tuple[str, str]], entries: list[tuple[str, str]]
+    ) -> None:
+        """The group opened, the budget credited and the members queued: one script."""
+        assert self._open_send is not None and self.app_db is not None
+        amount, budget_ttl_ms = o.credit if o.credit is not None else (0.0, 0)
+        names = [
+            group_state(o.group_id),
+            BUDGET,
+            *(k for k, _ in bindings),
+            *(k for k, _ in entries),
+        ]
+        args: list[str | int] = [
+            self.app_db, _broker_db(self.redis), GroupSignal.OPEN.value,
+            max(1, int(o.ttl_s * 1000)), repr(float(amount)), budget_ttl_ms, len(bindings),
+            *(b for _, b in bindings), *(e for _, e in entries),
+        ]  # fmt: skip
+        self._open_send(keys=names, args=args)
 
     def send_task(self, zone: str, task: MemberTask) -> None:
         """One member through Celery's own publish path (``app.send_task``)."""
@@ -141,6 +200,14 @@ class CeleryDispatcher:
             self.redis.close()
 
 
+def _broker_db(client: redis.Redis | None) -> int:
+    """The database ``client`` is on (the broker's: keys.BROKER_DB unless a URL says
+    otherwise)."""
+    if client is None:
+        return BROKER_DB
+    return int(client.connection_pool.connection_kwargs.get("db", BROKER_DB) or 0)
+
+
 class ThreadDispatcher:
     def __init__(self, run: MemberRunner, zones: frozenset[str], max_workers: int = 32) -> None:
         self.run = run
@@ -152,8 +219,12 @@ class ThreadDispatcher:
         check_zone(zone, self.zones)
         self.futures.append(self.pool.submit(self.run, task))
 
-    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+    def send_many(
+        self, items: Sequence[tuple[str, MemberTask]], opening: GroupOpening | None = None
+    ) -> None:
         # No round trip to save; through send, so subclasses that hold tasks see each.
+        if opening is not None:
+            opening.open()
         for zone, task in items:
             self.send(zone, task)
 

@@ -18,6 +18,7 @@ from coordinator.core.winner import Report, Verdict, verdict
 from coordinator.runtime.pool import CallSettings
 from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.runtime.timers import TIMERS, Handle, Timers
+from coordinator.state.opening import GroupOpening
 from schemas.enums import GroupState, MemberStatus, WinnerMode
 from schemas.models import Candidate, GroupVerdict, MemberReport, RoleInvocation
 
@@ -64,7 +65,9 @@ class Group:
     fallback_reason: str | None = None
     stream: bool = False  # members append their deltas to keys.member_chunks (a relay)
     winner_quality: float | None = None
-    credited: bool = False  # the planning read credited the hedge budget (no earn() due)
+    credited: bool = False  # the hedge budget is credited by the plan (no earn() due)
+    # Still to open with the initial launches: the plan read nothing (a fresh cached view).
+    opening: GroupOpening | None = None
 
     def member_id(self, rank: int) -> str:
         return f"{self.id}.{rank}"

@@ -19,6 +19,7 @@ from coordinator.core.profiles import (
 )
 from coordinator.state.budget import BudgetSnapshot
 from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
+from coordinator.state.opening import GroupOpening
 from coordinator.state.profilecache import PlanRead
 from coordinator.state.store import CloseLimits, GroupClose, GroupClosed
 from schemas.enums import GroupSignal
@@ -61,9 +62,11 @@ class RuntimeStore(Protocol):
         open_group: str | None = None,
         group_ttl_s: float = 0.0,
         credit: tuple[float, int] | None = None,
+        fresh_s: float = 0.0,
     ) -> PlanRead:
         """Profiles and cooldowns of a role, the group opened and (where the budget
-        lives in the same store) the budget credited: one round trip."""
+        lives in the same store) the budget credited: one round trip. A store may answer
+        from a view read within ``fresh_s`` instead, opening nothing (PlanRead.opened)."""
         ...
 
     def load_cofailure(self) -> CoFailure | None: ...
@@ -151,7 +154,11 @@ class Dispatcher(Protocol):
     """Puts a member task on its zone's queue (Celery), or runs it in-process."""
 
     def send(self, zone: str, task: MemberTask) -> None: ...
-    def send_many(self, items: Sequence[tuple[str, MemberTask]]) -> None:
+    def send_many(
+        self, items: Sequence[tuple[str, MemberTask]], opening: GroupOpening | None = None
+    ) -> None:
         """Each (zone, task) of ``items``, in order, as :meth:`send` would; at once where
-        the backend can (one broker round trip for a group's initial members)."""
+        the backend can (one broker round trip for a group's initial members). With
+        ``opening``, the group is opened before any of them can start: in that same
+        round trip where the backend can, else by ``opening.open()`` first."""
         ...

@@ -1,11 +1,18 @@
-"""kombu's Redis transport with one fix and one saving.
+"""kombu's Redis transport with one fix and two savings.
 
-The saving: kombu builds a new ``redis.Redis`` for every synchronous operation
+The first saving: kombu builds a new ``redis.Redis`` for every synchronous operation
 (``conn_or_acquire``: each message's delivery bookkeeping and its ack, twice per task),
 and redis-py 8 fills a case-insensitive table of ~200 response callbacks for each one,
 about as much CPU as the rest of a trivial task's bookkeeping. A client is thread-safe
 (every command takes a connection from the pool), so one per channel and pool is kept
 and reused; a new pool (after a reconnect) gets a new client.
+
+The second: kombu's ack emulation writes each delivered message into the unacked index
+and hash, and removes it at the ack, each time in a MULTI/EXEC pipeline of two commands
+(four commands to pack and four replies to parse, twice per task). Here each is one
+script call with the same two writes, as atomic as the transaction: the same keys and
+the same entries, so kombu (any worker's) restores unacked messages exactly as before.
+With a ``global_keyprefix`` (which kombu adds per command) the stock path runs.
 
 The fix: a worker survives losing the broker while it holds unacknowledged members.
 
@@ -27,13 +34,65 @@ after the visibility timeout, as after any crash. Used by name through
 
 from __future__ import annotations
 
+from time import time
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.json import dumps
+
+# KEYS: the unacked index (a zset of delivery tags by delivery time), the unacked hash.
+# ARGV: delivery time, delivery tag, [message, exchange, routing key] as JSON.
+_APPEND = """redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return 1"""
+# KEYS: as _APPEND. ARGV: the delivery tag.
+_ACK = """redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1"""
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis ack emulation, each bookkeeping step one script call."""
+
+    channel: Any
+    unacked_index_key: str
+    unacked_key: str
+
+    def _scripts(self, client: Any) -> tuple[Any, Any]:
+        scripts: tuple[Any, Any] | None = getattr(self, "_haco_scripts", None)
+        if scripts is None:  # EVALSHA with any client; loaded again after NOSCRIPT
+            scripts = (client.register_script(_APPEND), client.register_script(_ACK))
+            self._haco_scripts = scripts
+        return scripts
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        if self.channel.global_keyprefix:
+            super().append(message, delivery_tag)  # type: ignore[no-untyped-call]
+            return
+        delivery = message.delivery_info
+        route = [message._raw, delivery["exchange"], delivery["routing_key"]]
+        entry = dumps(route)  # type: ignore[no-untyped-call]
+        with self.channel.conn_or_acquire() as client:
+            keys = [self.unacked_index_key, self.unacked_key]
+            self._scripts(client)[0](
+                keys=keys, args=[repr(time()), delivery_tag, entry], client=client
+            )
+            virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+
+    def ack(self, delivery_tag: Any) -> None:
+        if self.channel.global_keyprefix:
+            super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+            return
+        with self.channel.conn_or_acquire() as client:
+            keys = [self.unacked_index_key, self.unacked_key]
+            self._scripts(client)[1](keys=keys, args=[delivery_tag], client=client)
+        virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]
 
 
 class Channel(kombu_redis.Channel):
+    QoS = QoS
     _haco_client: tuple[Any, Any] | None = None  # (pool, the client on it)
 
     def _create_client(self, asynchronous: bool = False) -> Any:

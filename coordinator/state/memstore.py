@@ -249,15 +249,17 @@ class MemoryStore:
         open_group: str | None = None,
         group_ttl_s: float = 0.0,
         credit: tuple[float, int] | None = None,
+        fresh_s: float = 0.0,
     ) -> PlanRead:
         """As RedisStore.read_for_plan (coordinator.state.profilecache), in one lock; no
-        budget lives here, so nothing is credited (the coordinator calls earn())."""
+        budget lives here, so nothing is credited (the coordinator calls earn()). A read
+        costs nothing here: the view is always read, whatever ``fresh_s``."""
         with self._lock:
             cands, links = self.load_profiles(candidate_ids, link_ids)
             cooling = self.cooling(candidate_ids)
             if open_group is not None:
                 self.open_group(open_group, group_ttl_s)
-            return PlanRead(cands, links, cooling)
+            return PlanRead(cands, links, cooling, opened=open_group is not None)
 
     # The worker's hot path (coordinator.state.memberops): the same steps as the scripts.
     records_delays = False  # the in-process delay window is the worker's (MemberContext)
