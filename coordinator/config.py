@@ -228,6 +228,11 @@ class HacoSettings(BaseSettings):
     # Celery task events feed Flower and `celery events`. They cost three extra broker
     # messages per member (two before it starts), so they are opt-in.
     task_events: bool = False
+    # Celery's two INFO lines per task in a worker's log ("received", "succeeded in").
+    # Off by default: every member is a trace already (the trace stream, then
+    # Postgres), and at hundreds of members a second the lines cost a tenth of a
+    # worker's CPU. Failures are logged either way (ERROR).
+    worker_task_log: bool = False
     # Prometheus metrics of `haco serve` (coordinator/api/metrics.py): the bucket bounds of
     # the latency histograms (seconds; invocations and members) and of the hedge-set size.
     metrics_latency_buckets_s: tuple[Seconds, ...] = (

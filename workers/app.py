@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import redis
-from celery import Celery
+from celery import Celery, signals
 from pydantic import ValidationError
 
 from coordinator.config import HacoSettings
@@ -254,9 +254,27 @@ class WorkerRuntime:
             return self._sims[key]
 
 
+# The loggers of Celery's per-task INFO lines: a task received (the consumer's strategy)
+# and a task succeeded (the tracer). Each reads its level once, when it is built.
+TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+def _quiet_task_logs(app: Celery, settings: HacoSettings) -> None:
+    """Celery's per-task INFO lines off in ``app``'s worker unless worker_task_log."""
+
+    def quiet(sender: Any = None, **_: Any) -> None:
+        # Before the consumer builds its strategies and tracers; this app's worker only.
+        if getattr(sender, "app", None) is app and not settings.worker_task_log:
+            for name in TASK_LOGGERS:
+                logging.getLogger(name).setLevel(logging.WARNING)
+
+    signals.worker_init.connect(quiet, weak=False)
+
+
 def create_app(settings: HacoSettings, redis_url: str) -> Celery:
     app = Celery("haco", set_as_current=False)
     app.conf.update(celery_conf(settings, redis_url))
+    _quiet_task_logs(app, settings)
     runtime = WorkerRuntime(
         settings,
         redis_url,
