@@ -31,11 +31,12 @@ from coordinator.errors import ConfigError, DatabaseError, InputError, StoreErro
 from coordinator.runtime.pool import pool_from_settings, sim_scenario
 from coordinator.services import embedded_pg
 from coordinator.state import keys
-from coordinator.state.broker import celery_conf, with_db
+from coordinator.state.broker import BROKER_TRANSPORT, celery_conf, with_db
 from coordinator.state.cancelwatch import RedisCancelWatcher
 from coordinator.state.codec import text
 from coordinator.state.hedgedelay import RedisDelayWindow
 from coordinator.state.keys import JUDGE_QUEUE, JUDGE_TASK, MEMBER_TASK
+from coordinator.state.memberops import BrokerAck
 from coordinator.state.store import RedisStore
 from coordinator.tracestore.db import connect
 from schemas.backends import ENDPOINT_SETTINGS
@@ -271,6 +272,20 @@ def _quiet_task_logs(app: Celery, settings: HacoSettings) -> None:
     signals.worker_init.connect(quiet, weak=False)
 
 
+def script_ack(app: Celery, request: Any) -> BrokerAck | None:
+    """The member's message, acknowledged by its report script (one round trip fewer
+    than kombu's own ack after the task) when kombu's Redis transport on the broker's
+    database holds it under a delivery tag; None: kombu acknowledges it as usual."""
+    tag = (getattr(request, "properties", None) or {}).get("delivery_tag")
+    conf = app.conf
+    if not tag or conf.broker_transport != BROKER_TRANSPORT:
+        return None
+    options = conf.broker_transport_options or {}
+    if options.get("global_keyprefix") or options.get("unacked_key") != keys.UNACKED_HASH:
+        return None
+    return BrokerAck(keys.BROKER_DB, str(tag))
+
+
 def create_app(settings: HacoSettings, redis_url: str) -> Celery:
     app = Celery("haco", set_as_current=False)
     app.conf.update(celery_conf(settings, redis_url))
@@ -282,8 +297,8 @@ def create_app(settings: HacoSettings, redis_url: str) -> Celery:
     )
 
     # shared=False: the task belongs to this app only, never Celery's implicit registry.
-    @app.task(name=MEMBER_TASK, ignore_result=True, acks_late=True, shared=False)
-    def member(payload: dict[str, Any]) -> None:
+    @app.task(name=MEMBER_TASK, ignore_result=True, acks_late=True, shared=False, bind=True)
+    def member(self: Any, payload: dict[str, Any]) -> None:
         try:
             task = MemberTask.model_validate(payload)
         except ValidationError as exc:
@@ -291,7 +306,7 @@ def create_app(settings: HacoSettings, redis_url: str) -> Celery:
             # logged loudly and acknowledged so it does not loop through the queue.
             log.error("rejected member task payload: %s", exc)
             return
-        execute_member(task, runtime.context())
+        execute_member(task, runtime.context(), script_ack(app, self.request))
 
     @app.task(
         name=JUDGE_TASK,

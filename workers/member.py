@@ -26,7 +26,13 @@ from coordinator.errors import StoreError
 from coordinator.runtime import liveness
 from coordinator.runtime.ports import DelayWindow, RuntimeStore
 from coordinator.state.cancelwatch import CancelWatcher
-from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
+from coordinator.state.memberops import (
+    BrokerAck,
+    MemberOutcome,
+    MemberStart,
+    OutcomeLimits,
+    Started,
+)
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.backends.base import Backend, BackendResult, DeltaBackend, StopCheck
@@ -114,20 +120,26 @@ def _report(
     )
 
 
-def execute_member(task: MemberTask, ctx: MemberContext) -> MemberReport:
+def execute_member(
+    task: MemberTask, ctx: MemberContext, ack: BrokerAck | None = None
+) -> MemberReport:
+    """Run ``task`` to its report; ``ack``: its Celery message, acknowledged by the
+    report's own script (workers.app.script_ack) when nothing follows the report."""
     if ctx.cancels is None:
-        return _execute(task, ctx, _polling(ctx.store, task.group_id))
+        return _execute(task, ctx, _polling(ctx.store, task.group_id), ack)
     # Registered with the watcher before the state is read: a cancel published after the
     # read reaches the watcher, one published before it is seen by the read.
     with ctx.cancels.watch(task.group_id) as stop:
-        return _execute(task, ctx, stop)
+        return _execute(task, ctx, stop, ack)
 
 
 def _polling(store: RuntimeStore, group_id: str) -> StopCheck:
     return lambda: store.group_state(group_id) is GroupSignal.CANCELLED
 
 
-def _execute(task: MemberTask, ctx: MemberContext, should_stop: StopCheck) -> MemberReport:
+def _execute(
+    task: MemberTask, ctx: MemberContext, should_stop: StopCheck, ack: BrokerAck | None
+) -> MemberReport:
     store, now = ctx.store, ctx.clock()
     # The member's one read of its group, its start claim and its started token: one
     # round trip (coordinator.state.memberops).
@@ -165,8 +177,12 @@ def _execute(task: MemberTask, ctx: MemberContext, should_stop: StopCheck) -> Me
     # The reply, then what the call taught (coordinator.core.observations) — even when its
     # side effect was not committed because another member held the idempotency key
     # first — unless its coordinator already recorded it as lost (never counted twice).
-    _report_and_harvest(task, result.link_observations, report, ctx)
-    _send_to_judge(task, report, ctx)
+    # A report the judge follows keeps kombu's ack after the task: until the judge task
+    # is queued, a worker lost here still has the member's message redelivered.
+    judged = _judge_due(report, ctx)
+    _report_and_harvest(task, result.link_observations, report, ctx, None if judged else ack)
+    if judged:
+        _send_to_judge(task, report, ctx)
     return report
 
 
@@ -185,12 +201,18 @@ def _call(task: MemberTask, backend: Backend, stop: StopCheck, ctx: MemberContex
     return result
 
 
+def _judge_due(report: MemberReport, ctx: MemberContext) -> bool:
+    """A success with an output and no judged quality, and a judge to send it to (a
+    backend that judges, the simulator, needs none)."""
+    if ctx.judge is None or report.trace.status is not MemberStatus.SUCCEEDED:
+        return False
+    return report.trace.quality is None and report.output is not None
+
+
 def _send_to_judge(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:
     """After the trace is appended (the judge needs the harvested row)."""
-    if ctx.judge is None or report.trace.status is not MemberStatus.SUCCEEDED:
+    if ctx.judge is None:
         return
-    if report.trace.quality is not None or report.output is None:
-        return  # judged by its backend (the simulator)
     try:
         ctx.judge(task, report)
     except Exception:  # the member is done and reported: a lost judgement is only logged
@@ -231,7 +253,11 @@ def _reply(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:
 
 
 def _report_and_harvest(
-    task: MemberTask, measured: list[LinkObservation], report: MemberReport, ctx: MemberContext
+    task: MemberTask,
+    measured: list[LinkObservation],
+    report: MemberReport,
+    ctx: MemberContext,
+    ack: BrokerAck | None = None,
 ) -> None:
     """The reply and, when this worker owns the member's outcome, the one reading of the
     trace (with the link legs the backend measured) into the shared profiles, a success's
@@ -248,7 +274,7 @@ def _report_and_harvest(
         task.group_id, report.model_dump_json(), s.group_ttl_s, True,
         liveness.outcome_key(task.member_id), liveness.WORKER, task.candidate.id, obs,
         link_id(src, dst), src, dst, legs, task.candidate.role,
-        latency if in_store else None, s.hedge_delay_window,
+        latency if in_store else None, s.hedge_delay_window, ack,
     )  # fmt: skip
     limits = OutcomeLimits(s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s)
     recorded = store.report_member(outcome, ctx.profile_settings, limits)

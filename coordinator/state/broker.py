@@ -33,7 +33,12 @@ def celery_conf(settings: HacoSettings, redis_url: str) -> dict[str, Any]:
         # kombu's Redis transport with a fix for losing the broker under load
         # (coordinator/state/kombu_redis.py); redis:// URLs as before.
         "broker_transport": BROKER_TRANSPORT,
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            # kombu's defaults, named: a member's report script acks by these keys.
+            "unacked_key": keys.UNACKED_HASH,
+            "unacked_index_key": keys.UNACKED_INDEX,
+        },
         # Reconnection (a restarted Redis, e.g. the embedded one under `haco up`'s
         # supervisor, comes back on the same URL): a worker that loses the broker
         # restarts its consumer and retries the connection (kombu's ensure_connection:

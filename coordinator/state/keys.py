@@ -11,6 +11,14 @@ from __future__ import annotations
 PREFIX = "haco"
 APP_DB = 0
 BROKER_DB = 1  # kombu's lists and sets: not ours, not expiring, kept apart
+# kombu's ack emulation in the broker's database (its transport options, set to kombu's
+# defaults in coordinator.state.broker so a member's report script can name them):
+# a hash of delivery tag -> [message, exchange, routing key] JSON and a zset of delivery
+# tags by delivery time. Writer: kombu at delivery; removed at the ack (kombu's, or the
+# member's report script: coordinator.state.memberops). No TTL: kombu restores entries
+# older than the visibility timeout to their queues.
+UNACKED_HASH = "unacked"
+UNACKED_INDEX = "unacked_index"
 
 
 def group_state(group_id: str) -> str:

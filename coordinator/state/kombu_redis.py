@@ -42,6 +42,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
+from coordinator.state.scriptacks import SCRIPT_ACKS
+
 # KEYS: the unacked index (a zset of delivery tags by delivery time), the unacked hash.
 # ARGV: delivery time, delivery tag, [message, exchange, routing key] as JSON.
 _APPEND = """redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
@@ -82,6 +84,9 @@ class QoS(kombu_redis.QoS):
             virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
 
     def ack(self, delivery_tag: Any) -> None:
+        if SCRIPT_ACKS.take(delivery_tag):  # the member's report removed it already
+            virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]
+            return
         if self.channel.global_keyprefix:
             super().ack(delivery_tag)  # type: ignore[no-untyped-call]
             return

@@ -5,21 +5,33 @@
 -- success's latency into the role's hedge-delay window, the observations folded into the
 -- current epoch's deltas, and the trace appended. One script, so the trace's stream id
 -- and the epoch it was counted in agree (coordinator/state/epochs.py).
+-- Last, when asked, the member's Celery message is acknowledged: removed from kombu's
+-- unacked index and hash in the broker's database (a script's SELECT stays in the
+-- script), so the report and the ack are one step.
 -- KEYS: 1 replies, 2 outcome claim, 3 profile epoch, 4 trace stream, 5 delay window,
---   6 profile versions (coordinator/state/keys.py PROFILE_VERSIONS).
+--   6 profile versions (coordinator/state/keys.py PROFILE_VERSIONS), 7 kombu's unacked
+--   index, 8 kombu's unacked hash (both in the broker's database).
 -- ARGV: 1 report JSON, 2 group TTL ms, 3 owner token, 4 harvest ('1' | '0'),
 --   5 delta prefix, 6 candidate id, 7 candidate observation JSON (''), 8 link id, 9 src,
 --   10 dst, 11 link observations JSON array (''), 12 decay, 13 half-life, 14 weight per
 --   observation, 15 latency window, 16 bandwidth window, 17 profile TTL ms,
 --   18 trace maxlen, 19 trace TTL ms, 20 latency for the delay window (''),
---   21 delay window size.
+--   21 delay window size, 22 the broker's database ('': no ack), 23 the delivery tag.
 -- Returns 1 when the outcome was recorded, 0 when it was not this worker's to record.
+local function done(recorded)
+  if ARGV[22] ~= '' then
+    redis.call('SELECT', ARGV[22])
+    redis.call('ZREM', KEYS[7], ARGV[23])
+    redis.call('HDEL', KEYS[8], ARGV[23])
+  end
+  return recorded
+end
 local ttl = tonumber(ARGV[2])
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ttl)
-if ARGV[4] ~= '1' then return 0 end
+if ARGV[4] ~= '1' then return done(0) end
 if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ttl) then
-  if redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end
+  if redis.call('GET', KEYS[2]) ~= ARGV[3] then return done(0) end
 end
 local prof_ttl = tonumber(ARGV[17])
 if ARGV[20] ~= '' then
@@ -51,4 +63,4 @@ if ARGV[11] ~= '' then
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[18], '*', 'report', ARGV[1])
 redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[19]))
-return 1
+return done(1)

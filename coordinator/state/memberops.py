@@ -29,6 +29,7 @@ from coordinator.core.profiles import CandidateObservation, LinkObservation
 from coordinator.state import keys
 from coordinator.state.codec import text
 from coordinator.state.lua import lua
+from coordinator.state.scriptacks import SCRIPT_ACKS
 from schemas.enums import GroupSignal
 
 _MS = 1000
@@ -54,6 +55,16 @@ class MemberStart:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerAck:
+    """The member's Celery message, acknowledged by its report script: removed from
+    kombu's unacked hash and index (keys.UNACKED_HASH / UNACKED_INDEX) in the broker's
+    database of the same server, in the report's atomic step."""
+
+    db: int  # the broker's database (keys.BROKER_DB)
+    tag: str  # the message's delivery tag
+
+
+@dataclass(frozen=True, slots=True)
 class MemberOutcome:
     """One member's report and, when ``harvest``, what it teaches (its observations)."""
 
@@ -72,6 +83,7 @@ class MemberOutcome:
     role: str = ""
     delay_s: float | None = None  # a success's latency for the role's hedge-delay window
     delay_window: int = 0  # the window's size (HacoSettings.hedge_delay_window)
+    ack: BrokerAck | None = None  # its Celery message, acknowledged in the same step
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +179,7 @@ class RedisMemberOps:
         names = [
             keys.group_replies(o.group_id), keys.idempotency(o.outcome_claim or "-"),
             keys.PROFILE_EPOCH, keys.TRACES, keys.hedge_delay_window(o.role or "-"),
-            keys.PROFILE_VERSIONS,
+            keys.PROFILE_VERSIONS, keys.UNACKED_INDEX, keys.UNACKED_HASH,
         ]  # fmt: skip
         args: list[str | int | float] = [
             o.report, max(1, int(o.ttl_s * _MS)), o.owner, int(o.harvest), keys.DELTA_PREFIX,
@@ -176,10 +188,13 @@ class RedisMemberOps:
             *decay_args(settings), max(1, int(limits.profile_ttl_s * _MS)),
             limits.trace_maxlen, max(1, int(limits.trace_ttl_s * _MS)),
             "" if o.delay_s is None else repr(float(o.delay_s)), max(1, o.delay_window),
+            "" if o.ack is None else o.ack.db, "" if o.ack is None else o.ack.tag,
         ]  # fmt: skip
 
         def run() -> bool:
             return bool(script(keys=names, args=args))
 
         recorded: bool = self._guard("report a member", run)
+        if o.ack is not None:  # kombu's own ack of it has nothing left to remove
+            SCRIPT_ACKS.add(o.ack.tag)
         return recorded
