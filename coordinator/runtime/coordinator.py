@@ -3,8 +3,9 @@
     PLANNED ──launch──▶ RUNNING ──verdict──▶ WON | ALL_FAILED | DEADLINE
 
 The policy (:mod:`coordinator.core.methods`) decides who; :mod:`coordinator.core.stagger` decides
-when; :mod:`coordinator.core.winner` decides who won. This module carries the decisions
-out: it enqueues members through a :class:`Dispatcher`, waits for their reports on the
+when; :mod:`coordinator.core.winner` decides who won. It plans on the view of
+:mod:`coordinator.runtime.viewing` (one read, or none while it is fresh), and carries the
+decisions out: it enqueues members through a :class:`Dispatcher`, waits for their reports on the
 group's reply list, and closes the group in one atomic step
 (:meth:`RuntimeStore.close_group`): the winner claim, the signal that cancels or keeps the
 losers, and the verdict record (:func:`coordinator.runtime.group.group_verdict`) that the
@@ -24,7 +25,7 @@ import numpy as np
 
 from coordinator.config import HacoSettings
 from coordinator.core.cofailure import CoFailure
-from coordinator.core.evidence import DependenceMemo, PoolMember, build_view, link_id, payload_bytes
+from coordinator.core.evidence import payload_bytes
 from coordinator.core.methods import Haco, PoolView
 from coordinator.core.params import PolicyParams, ProfileSettings
 from coordinator.core.stagger import Launch, Launcher
@@ -54,18 +55,16 @@ from coordinator.runtime.liveness import (
     unreported,
     watch_for,
 )
-from coordinator.runtime.pool import Pool, endpoint_host
+from coordinator.runtime.pool import Pool
 from coordinator.runtime.ports import DelayWindow, Dispatcher, HedgeBudget, RuntimeStore
 from coordinator.runtime.results import InvocationResult, MemberSummary
+from coordinator.runtime.viewing import Views
 from coordinator.state import keys
-from coordinator.state.opening import GroupOpening
-from coordinator.state.profilecache import PlanRead
 from coordinator.state.store import CloseLimits, GroupClose
 from schemas.enums import GroupSignal, GroupState, LaunchMode, MemberStatus
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 
 Clock = Callable[[], float]
-Credit = tuple[float, int] | None  # HedgeBudget.plan_credit
 
 
 WAKE = "wake"  # a token on a group's reply list: a timer is due, not a report
@@ -102,12 +101,8 @@ class Coordinator:
         # Liveness (issue 8): queue waits behind the start timeout, lost members' records.
         self.waits = QueueWaits(settings.start_wait_window)
         self.lost = LostRecorder(store, settings, self.profile_settings, clock)
-        # Co-failure evidence (issue 10): with the recompute's snapshot, looked for at most
-        # every cofailure_refresh_s.
-        self._cofailure: CoFailure | None = None
-        self._cofailure_at = -math.inf
-        self._dependence = DependenceMemo(self.profile_settings)
-        self._stale: set[str] = set()  # roles whose next view is read, whatever its age
+        # The planning read, the cached view, the co-failure evidence (runtime.viewing).
+        self.views = Views(pool, store, settings, self.profile_settings, clock)
 
     def close(self) -> None:
         """Drop what is pending in this process: the deferred records of lost members
@@ -118,42 +113,12 @@ class Coordinator:
     # -- deciding ---------------------------------------------------------------------
     def view(self, role: str, request_bytes: float) -> tuple[list[Candidate], PoolView]:
         """The role's candidates (cooling ones left out) and the policy's view of them."""
-        cands, view, _ = self._view(role, request_bytes, None, None)
+        cands, view, _ = self.views.view(role, request_bytes, None, None)
         return cands, view
-
-    def _view(
-        self, role: str, request_bytes: float, open_group: str | None, credit: Credit
-    ) -> tuple[list[Candidate], PoolView, PlanRead]:
-        """:meth:`view`, with ``open_group`` opened and the budget credited in the same
-        round trip (RuntimeStore.read_for_plan), unless the store answered from a view
-        read within plan_view_fresh_s (nothing opened: PlanRead.opened)."""
-        cands = self.pool.candidates(role)
-        for c in cands:
-            self.pool.check_zone(c.zone)
-        caller = self.pool.config.caller_zone
-        lids = sorted({link_id(caller, c.zone) for c in cands})
-        ttl_s = self.settings.group_ttl_s
-        ids = [c.id for c in cands]
-        # A failure or a lost member this process saw makes the role's next view fresh.
-        fresh_s = 0.0 if role in self._stale else self.settings.plan_view_fresh_s
-        self._stale.discard(role)
-        read = self.store.read_for_plan(ids, lids, open_group, ttl_s, credit, fresh_s)
-        # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
-        cands = [c for c in cands if c.id not in read.cooling] or cands
-        members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
-        view = build_view(
-            members, caller, read.candidates, read.links, request_bytes, self.profile_settings,
-            self._dependence.get(members, self.cofailure()),
-        )  # fmt: skip
-        return cands, view, read
 
     def cofailure(self) -> CoFailure | None:
         """The co-failure evidence the policy counts (the latest snapshot's)."""
-        now = self.clock()
-        if now - self._cofailure_at >= self.settings.cofailure_refresh_s:
-            self._cofailure = self.store.load_cofailure()
-            self._cofailure_at = now
-        return self._cofailure
+        return self.views.cofailure()
 
     def _plan(self, inv: RoleInvocation, group_id: str | None = None) -> Group:
         if not inv.idempotent and inv.require_hedge:  # refused before anything is written
@@ -167,13 +132,8 @@ class Coordinator:
         # The group is opened, and the budget credited, by the round trip that reads the
         # profiles; or, when no read was due, by the one that sends the first members.
         credit = self.budget.plan_credit()
-        cands, view, read = self._view(inv.role, request_bytes, group_id, credit)
-        opening = None
-        if not read.opened:
-            ttl_s = self.settings.group_ttl_s
-            opening = GroupOpening(group_id, ttl_s, credit, functools.partial(
-                self.store.read_for_plan, [], [], group_id, ttl_s, credit
-            ))  # fmt: skip
+        cands, view, read = self.views.view(inv.role, request_bytes, group_id, credit)
+        opening = self.views.opening(read, group_id, credit)
         decision = Haco(call.params).decide(view, self.rng)
         members = decision.members
         if not inv.idempotent:
@@ -343,7 +303,7 @@ class Coordinator:
                 zone = g.candidates[rank].zone
                 dark = [c.id for c in self.pool.config.candidates if c.zone == zone]
                 self.lost.zone_dark(dark, now)
-                self._stale.add(g.role)
+                self.views.mark_stale(g.role)
             else:  # its worker took it just now: it started
                 g.watch.on_started(rank, now)
 
@@ -355,7 +315,7 @@ class Coordinator:
             return  # declared not started: its worker's refusal to start, recorded lost
         g.reports[rank] = rep
         if rep.trace.status in (MemberStatus.FAILED, MemberStatus.TIMED_OUT):
-            self._stale.add(g.role)
+            self.views.mark_stale(g.role)
         if not g.watch.started(rank):  # it reported before its start token was due
             # Its queue wait from the trace's start (the workers' start-notice delay).
             wait = g.watch.on_started(rank, min(self.clock(), rep.trace.started_at_s))

@@ -1,0 +1,100 @@
+"""What a coordinator plans on: a role's candidates and the policy's view of them.
+
+One planning read (RuntimeStore.read_for_plan) gives the profiles and the cooldowns, and
+opens the group and credits the hedge budget in the same round trip; a view read within
+``plan_view_fresh_s`` is planned on again without a read, and the group is then opened
+by the round trip that sends its members (:class:`coordinator.state.opening.GroupOpening`).
+A failure or a lost member this process sees makes its role's next view a read.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+
+from coordinator.config import HacoSettings
+from coordinator.core.cofailure import CoFailure
+from coordinator.core.evidence import DependenceMemo, PoolMember, build_view, link_id
+from coordinator.core.methods import PoolView
+from coordinator.core.params import ProfileSettings
+from coordinator.runtime.pool import Pool, endpoint_host
+from coordinator.runtime.ports import RuntimeStore
+from coordinator.state.opening import GroupOpening
+from coordinator.state.profilecache import PlanRead
+from schemas.models import Candidate
+
+Clock = Callable[[], float]
+Credit = tuple[float, int] | None  # HedgeBudget.plan_credit
+
+
+class Views:
+    def __init__(
+        self,
+        pool: Pool,
+        store: RuntimeStore,
+        settings: HacoSettings,
+        profile_settings: ProfileSettings,
+        clock: Clock = time.time,
+    ) -> None:
+        self.pool, self.store, self.settings = pool, store, settings
+        self.profile_settings, self.clock = profile_settings, clock
+        # Co-failure evidence (issue 10): with the recompute's snapshot, looked for at most
+        # every cofailure_refresh_s.
+        self._cofailure: CoFailure | None = None
+        self._cofailure_at = -math.inf
+        self._dependence = DependenceMemo(profile_settings)
+        self._stale: set[str] = set()  # roles whose next view is read, whatever its age
+
+    def mark_stale(self, role: str) -> None:
+        """``role``'s next view is read afresh (a failure or a loss was seen)."""
+        self._stale.add(role)
+
+    def _fresh_s(self, role: str) -> float:
+        try:
+            self._stale.remove(role)  # atomic: one planner takes the mark
+        except KeyError:
+            return self.settings.plan_view_fresh_s
+        return 0.0
+
+    def cofailure(self) -> CoFailure | None:
+        """The co-failure evidence the policy counts (the latest snapshot's)."""
+        now = self.clock()
+        if now - self._cofailure_at >= self.settings.cofailure_refresh_s:
+            self._cofailure = self.store.load_cofailure()
+            self._cofailure_at = now
+        return self._cofailure
+
+    def view(
+        self, role: str, request_bytes: float, open_group: str | None, credit: Credit
+    ) -> tuple[list[Candidate], PoolView, PlanRead]:
+        """The role's candidates (cooling ones left out) and the policy's view of them,
+        with ``open_group`` opened and the budget credited in the same round trip
+        (RuntimeStore.read_for_plan), unless the store answered from a view read within
+        plan_view_fresh_s (nothing opened: PlanRead.opened)."""
+        cands = self.pool.candidates(role)
+        for c in cands:
+            self.pool.check_zone(c.zone)
+        caller = self.pool.config.caller_zone
+        lids = sorted({link_id(caller, c.zone) for c in cands})
+        ids, ttl_s = [c.id for c in cands], self.settings.group_ttl_s
+        read = self.store.read_for_plan(ids, lids, open_group, ttl_s, credit, self._fresh_s(role))
+        # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
+        cands = [c for c in cands if c.id not in read.cooling] or cands
+        members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
+        view = build_view(
+            members, caller, read.candidates, read.links, request_bytes, self.profile_settings,
+            self._dependence.get(members, self.cofailure()),
+        )  # fmt: skip
+        return cands, view, read
+
+    def opening(self, read: PlanRead, group_id: str, credit: Credit) -> GroupOpening | None:
+        """What the plan's read left to open with the first members: None when it opened
+        the group."""
+        if read.opened:
+            return None
+        ttl_s = self.settings.group_ttl_s
+        # Without a fused send, the same script as the read, reading nothing.
+        opener = functools.partial(self.store.read_for_plan, [], [], group_id, ttl_s, credit)
+        return GroupOpening(group_id, ttl_s, credit, opener)
