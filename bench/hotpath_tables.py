@@ -14,10 +14,11 @@ PLAN_PARTS = (
     ("profiles", "the plan's profile read (unchanged profiles cached)"),
     ("profiles_uncached", "every profile read and decoded (`load_profiles`)"),
     ("build_view", "view built from the profiles"),
-    ("view", "`Coordinator.view` (cooldowns + profiles + view)"),
+    ("view", "`Coordinator.view` (on a view read < plan_view_fresh_s ago)"),
     ("decide", "`Haco.decide` (the allocation rule)"),
     ("decide_with_domains", "`Haco.decide` with failure domains"),
-    ("plan", "`Coordinator._plan` (all of planning)"),
+    ("plan_read", "`Coordinator._plan`, reading the view (all of planning)"),
+    ("plan", "`Coordinator._plan` on a view read < plan_view_fresh_s ago (no read)"),
 )
 
 Json = Mapping[str, Any]
@@ -191,8 +192,9 @@ def plan_bend_line(plan: Json, b: Json) -> str:
         f"From {lo} to {hi} candidates (×{b['size_growth']:.0f}): the plan's profile read "
         f"grows {grows('profiles')} (uncached {grows('profiles_uncached')}), the view build "
         f"{grows('build_view')}, the rule {grows('decide')} ({grows('decide_with_domains')} "
-        f"with failure domains), the whole plan {grows('plan')}. At {hi} candidates the "
-        f"profile read is {part('profiles')} of the plan (uncached, the read alone is "
+        f"with failure domains), the whole plan {grows('plan_read')} ({grows('plan')} on a "
+        f"fresh view, no read). At {hi} candidates the profile read is "
+        f"{part('profiles')} of the plan that reads (uncached, the read alone is "
         f"{part('profiles_uncached')} of it), the view build {part('build_view')}, the rule "
         f"{part('decide')}. Up to {plan['iters']} timed calls per part and size."
     )
