@@ -2,7 +2,8 @@
 
 Same broker layout and worker settings as HACO's app (:func:`workers.app.create_app`):
 Redis broker in DB 1, threads pool, the same concurrency, prefetch multiplier 1, late
-acks, JSON, no result backend. The reply goes on a Redis list in DB 0 that the client
+acks, JSON, no result backend, Celery's per-task INFO lines off (``--task-log`` turns
+them on, as HACO_WORKER_TASK_LOG does for HACO's workers). The reply goes on a Redis list in DB 0 that the client
 BRPOPs, as a member's report does. What it leaves out is HACO itself: no group state,
 no profiles, no traces, no pydantic models, and (unless ``--events``) no task events.
 
@@ -20,6 +21,7 @@ from celery import Celery
 
 from coordinator.state import keys
 from coordinator.state.broker import with_db
+from workers.app import quiet_task_logs
 
 QUEUE = "bench.bare"
 TASK = "bench.bare.echo"
@@ -36,8 +38,13 @@ def reply_client(url: str) -> redis.Redis:
         return _clients[url]
 
 
-def create_bare_app(url: str, concurrency: int = 16, events: bool = False) -> Celery:
+def create_bare_app(
+    url: str, concurrency: int = 16, events: bool = False, task_log: bool = False
+) -> Celery:
     app = Celery("bare", set_as_current=False)
+    # Celery's per-task INFO lines as HACO's workers have them (off unless asked): the
+    # two workers compare at the same log volume.
+    quiet_task_logs(app, task_log)
     app.conf.update(
         broker_url=with_db(url, keys.BROKER_DB),
         broker_transport_options={"visibility_timeout": 3600.0},
@@ -74,9 +81,12 @@ def main() -> None:
     w.add_argument("--url", required=True, help="redis:// URL of the server (any DB)")
     w.add_argument("--concurrency", type=int, default=16)
     w.add_argument("--events", action="store_true", help="send task events, as HACO does")
+    w.add_argument(
+        "--task-log", action="store_true", help="Celery's per-task INFO lines (HACO: off)"
+    )
     w.add_argument("--loglevel", default="INFO", help="as `haco worker` (INFO)")
     args = parser.parse_args()
-    app = create_bare_app(args.url, args.concurrency, args.events)
+    app = create_bare_app(args.url, args.concurrency, args.events, args.task_log)
     argv = ["worker", "--queues", QUEUE, "--pool", "threads"]
     argv += ["--concurrency", str(args.concurrency), "--hostname", "bare@%h"]
     argv += ["--loglevel", args.loglevel, "--without-mingle", "--without-gossip"]

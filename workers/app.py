@@ -260,12 +260,13 @@ class WorkerRuntime:
 TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
-def _quiet_task_logs(app: Celery, settings: HacoSettings) -> None:
-    """Celery's per-task INFO lines off in ``app``'s worker unless worker_task_log."""
+def quiet_task_logs(app: Celery, task_log: bool) -> None:
+    """Celery's per-task INFO lines off in ``app``'s worker unless ``task_log``
+    (HacoSettings.worker_task_log; bench/bare_celery.py applies the same)."""
 
     def quiet(sender: Any = None, **_: Any) -> None:
         # Before the consumer builds its strategies and tracers; this app's worker only.
-        if getattr(sender, "app", None) is app and not settings.worker_task_log:
+        if getattr(sender, "app", None) is app and not task_log:
             for name in TASK_LOGGERS:
                 logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -289,7 +290,7 @@ def script_ack(app: Celery, request: Any) -> BrokerAck | None:
 def create_app(settings: HacoSettings, redis_url: str) -> Celery:
     app = Celery("haco", set_as_current=False)
     app.conf.update(celery_conf(settings, redis_url))
-    _quiet_task_logs(app, settings)
+    quiet_task_logs(app, settings.worker_task_log)
     runtime = WorkerRuntime(
         settings,
         redis_url,
