@@ -3,9 +3,10 @@
 Same broker layout and worker settings as HACO's app (:func:`workers.app.create_app`):
 Redis broker in DB 1, threads pool, the same concurrency, prefetch multiplier 1, late
 acks, JSON, no result backend, Celery's per-task INFO lines off (``--task-log`` turns
-them on, as HACO_WORKER_TASK_LOG does for HACO's workers). The reply goes on a Redis list in DB 0 that the client
-BRPOPs, as a member's report does. What it leaves out is HACO itself: no group state,
-no profiles, no traces, no pydantic models, and (unless ``--events``) no task events.
+them on, as HACO_WORKER_TASK_LOG does for HACO's workers). The reply goes on a Redis
+list in DB 0 that the client BRPOPs, as a member's report does. What it leaves out is
+HACO itself: no group state, no profiles, no traces, no pydantic models, and (unless
+``--events``) no task events.
 
     python -m bench.bare_celery worker --url redis://127.0.0.1:6379/0 --concurrency 16
 """
