@@ -37,6 +37,7 @@ from rich.table import Table
 from bench.console import show
 from coordinator.config import HacoSettings
 from coordinator.runtime.client import HacoClient
+from coordinator.runtime.dispatch import send_each
 from coordinator.runtime.results import InvocationResult
 from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.state import keys
@@ -83,10 +84,7 @@ class Responder:
     def send_many(
         self, items: Sequence[tuple[str, MemberTask]], opening: GroupOpening | None = None
     ) -> None:
-        if opening is not None:
-            opening.open()
-        for zone, task in items:
-            self.send(zone, task)
+        send_each(self.send, items, opening)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

@@ -25,7 +25,7 @@ from coordinator.state.broker import BROKER_TRANSPORT, celery_conf, with_db
 from coordinator.state.memberops import BrokerAck, MemberOutcome, OutcomeLimits
 from coordinator.state.scriptacks import SCRIPT_ACKS
 from coordinator.state.store import RedisStore
-from workers.app import script_ack
+from workers.app import script_acks
 
 TTL = 60.0
 LIMITS = OutcomeLimits(profile_ttl_s=TTL, trace_maxlen=1000, trace_ttl_s=TTL)
@@ -106,7 +106,7 @@ def test_a_celery_worker_hands_the_member_its_delivery_tag(
     @app.task(name="t.ack", bind=True, acks_late=True, shared=False)  # type: ignore[untyped-decorator]
     def take(self: Any) -> None:
         with lock:
-            got.append(script_ack(app, self.request))
+            got.append(script_acks(app)(self.request))
 
     app.conf.task_queues = [Queue("q.ack")]
     result = app.send_task("t.ack", queue="q.ack")
@@ -123,14 +123,14 @@ def test_no_script_ack_where_the_keys_are_not_kombus_defaults(runtime_redis_url:
     conf = celery_conf(HacoSettings(), runtime_redis_url)
     app.conf.update(conf)
     request = type("R", (), {"properties": {"delivery_tag": "t9"}})()
-    assert script_ack(app, request) == BrokerAck(keys.BROKER_DB, "t9")
+    assert script_acks(app)(request) == BrokerAck(keys.BROKER_DB, "t9")
     app.conf.broker_transport_options = {
         **conf["broker_transport_options"],
         "global_keyprefix": "p:",
     }
-    assert script_ack(app, request) is None
+    assert script_acks(app)(request) is None
     app.conf.broker_transport_options = conf["broker_transport_options"]
     app.conf.broker_transport = "redis"  # kombu's stock transport: no ScriptAcks check
-    assert script_ack(app, request) is None
+    assert script_acks(app)(request) is None
     app.conf.broker_transport = BROKER_TRANSPORT
-    assert script_ack(app, type("R", (), {"properties": {}})()) is None
+    assert script_acks(app)(type("R", (), {"properties": {}})()) is None

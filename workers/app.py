@@ -273,18 +273,26 @@ def quiet_task_logs(app: Celery, task_log: bool) -> None:
     signals.worker_init.connect(quiet, weak=False)
 
 
-def script_ack(app: Celery, request: Any) -> BrokerAck | None:
-    """The member's message, acknowledged by its report script (one round trip fewer
-    than kombu's own ack after the task) when kombu's Redis transport on the broker's
-    database holds it under a delivery tag; None: kombu acknowledges it as usual."""
-    tag = (getattr(request, "properties", None) or {}).get("delivery_tag")
+def script_acks(app: Celery) -> Callable[[Any], BrokerAck | None]:
+    """A member's message acknowledged by its report script (one round trip fewer than
+    kombu's own ack after the task), when ``app``'s broker is kombu's Redis transport
+    (ours) with its default unacked keys: the returned function gives a Celery request's
+    delivery tag as a BrokerAck, or None (kombu acknowledges the message as usual). The
+    configuration is read once, not per member."""
     conf = app.conf
-    if not tag or conf.broker_transport != BROKER_TRANSPORT:
-        return None
     options = conf.broker_transport_options or {}
-    if options.get("global_keyprefix") or options.get("unacked_key") != keys.UNACKED_HASH:
-        return None
-    return BrokerAck(keys.BROKER_DB, str(tag))
+    if (
+        conf.broker_transport != BROKER_TRANSPORT
+        or options.get("global_keyprefix")
+        or options.get("unacked_key") != keys.UNACKED_HASH
+    ):
+        return lambda _request: None
+
+    def ack(request: Any) -> BrokerAck | None:
+        tag = (getattr(request, "properties", None) or {}).get("delivery_tag")
+        return BrokerAck(keys.BROKER_DB, str(tag)) if tag else None
+
+    return ack
 
 
 def create_app(settings: HacoSettings, redis_url: str) -> Celery:
@@ -297,6 +305,8 @@ def create_app(settings: HacoSettings, redis_url: str) -> Celery:
         lambda payload: app.send_task(JUDGE_TASK, args=[payload], queue=JUDGE_QUEUE),
     )
 
+    ack_of = script_acks(app)
+
     # shared=False: the task belongs to this app only, never Celery's implicit registry.
     @app.task(name=MEMBER_TASK, ignore_result=True, acks_late=True, shared=False, bind=True)
     def member(self: Any, payload: dict[str, Any]) -> None:
@@ -307,7 +317,7 @@ def create_app(settings: HacoSettings, redis_url: str) -> Celery:
             # logged loudly and acknowledged so it does not loop through the queue.
             log.error("rejected member task payload: %s", exc)
             return
-        execute_member(task, runtime.context(), script_ack(app, self.request))
+        execute_member(task, runtime.context(), ack_of(self.request))
 
     @app.task(
         name=JUDGE_TASK,

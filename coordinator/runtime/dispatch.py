@@ -27,7 +27,7 @@ from coordinator.errors import StoreError
 from coordinator.runtime.pool import check_zone
 from coordinator.state.broker import celery_conf
 from coordinator.state.celery_wire import MemberWire, wire_unsupported
-from coordinator.state.keys import BROKER_DB, BUDGET, MEMBER_TASK, group_state, queue_for
+from coordinator.state.keys import BUDGET, MEMBER_TASK, group_state, queue_for
 from coordinator.state.lua import lua
 from coordinator.state.opening import GroupOpening
 from schemas.enums import GroupSignal
@@ -88,10 +88,8 @@ class CeleryDispatcher:
             self.redis = broker or redis.Redis.from_url(
                 str(app.conf.broker_url), retry=PUBLISH_RETRY
             )
+            self._open_send = self.redis.register_script(lua("open_send"))
         self.app_db = app_db
-        self._open_send = (
-            None if self.redis is None else self.redis.register_script(lua("open_send"))
-        )
         # Queues whose binding this dispatcher wrote (send_task declares once too).
         self._declared: set[str] = set()
 
@@ -111,16 +109,13 @@ class CeleryDispatcher:
     ) -> None:
         for zone, _ in items:
             check_zone(zone, self.zones)
-        fused = opening is not None and self.app_db is not None
-        if self.wire is None or self.redis is None or _publish_hooked() or not items:
-            fused = False
+        client, wire = self.redis, self.wire
+        if wire is None or client is None or _publish_hooked():
+            send_each(self.send_task, items, opening)
+            return
+        fused = opening is not None and self.app_db is not None and bool(items)
         if opening is not None and not fused:
             opening.open()  # its own round trip, before any member can start
-        if self.wire is None or self.redis is None or _publish_hooked():
-            for zone, task in items:
-                self.send_task(zone, task)
-            return
-        wire = self.wire
         reply_to = self.app.thread_oid
         declared: list[str] = []
         bindings: list[tuple[str, str]] = []
@@ -138,9 +133,9 @@ class CeleryDispatcher:
             entries.append((queue.key, entry))
         try:
             if fused and opening is not None:
-                self._send_opening(opening, bindings, entries)
+                self._send_opening(client, opening, bindings, entries)
             else:
-                self._send(bindings, entries)
+                _send(client, bindings, entries)
         except redis.RedisError as exc:
             members = ", ".join(f"{t.member_id} to {queue_for(z)}" for z, t in items)
             lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
@@ -151,36 +146,24 @@ class CeleryDispatcher:
             ) from exc
         self._declared.update(declared)
 
-    def _send(self, bindings: list[tuple[str, str]], entries: list[tuple[str, str]]) -> None:
-        assert self.redis is not None
-        pipe = self.redis.pipeline(transaction=True)  # a group is queued whole or not at all
-        try:
-            for key, member in bindings:
-                pipe.sadd(key, member)
-            for key, entry in entries:
-                pipe.lpush(key, entry)
-            pipe.execute()
-        finally:
-            pipe.reset()
-
     def _send_opening(
-        self, o: GroupOpening, bindings: list[tuple[str, str]], entries: list[tuple[str, str]]
+        self,
+        client: redis.Redis,
+        o: GroupOpening,
+        bindings: list[tuple[str, str]],
+        entries: list[tuple[str, str]],
     ) -> None:
         """The group opened, the budget credited and the members queued: one script."""
-        assert self._open_send is not None and self.app_db is not None
         amount, budget_ttl_ms = o.credit if o.credit is not None else (0.0, 0)
-        names = [
-            group_state(o.group_id),
-            BUDGET,
-            *(k for k, _ in bindings),
-            *(k for k, _ in entries),
-        ]
+        names = [group_state(o.group_id), BUDGET]
+        names += [k for k, _ in bindings] + [k for k, _ in entries]
+        broker_db = int(client.connection_pool.connection_kwargs.get("db", 0))
         args: list[str | int] = [
-            self.app_db, _broker_db(self.redis), GroupSignal.OPEN.value,
+            self.app_db or 0, broker_db, GroupSignal.OPEN.value,
             max(1, int(o.ttl_s * 1000)), repr(float(amount)), budget_ttl_ms, len(bindings),
             *(b for _, b in bindings), *(e for _, e in entries),
         ]  # fmt: skip
-        self._open_send(keys=names, args=args)
+        self._open_send(keys=names, args=args, client=client)
 
     def send_task(self, zone: str, task: MemberTask) -> None:
         """One member through Celery's own publish path (``app.send_task``)."""
@@ -200,12 +183,31 @@ class CeleryDispatcher:
             self.redis.close()
 
 
-def _broker_db(client: redis.Redis | None) -> int:
-    """The database ``client`` is on (the broker's: keys.BROKER_DB unless a URL says
-    otherwise)."""
-    if client is None:
-        return BROKER_DB
-    return int(client.connection_pool.connection_kwargs.get("db", BROKER_DB) or 0)
+def _send(
+    client: redis.Redis, bindings: list[tuple[str, str]], entries: list[tuple[str, str]]
+) -> None:
+    pipe = client.pipeline(transaction=True)  # a group is queued whole or not at all
+    try:
+        for key, member in bindings:
+            pipe.sadd(key, member)
+        for key, entry in entries:
+            pipe.lpush(key, entry)
+        pipe.execute()
+    finally:
+        pipe.reset()
+
+
+def send_each(
+    send: Callable[[str, MemberTask], None],
+    items: Sequence[tuple[str, MemberTask]],
+    opening: GroupOpening | None = None,
+) -> None:
+    """``items`` one ``send`` at a time, the group opened first (``opening``): a
+    dispatcher with no round trip to share does its send_many this way."""
+    if opening is not None:
+        opening.open()
+    for zone, task in items:
+        send(zone, task)
 
 
 class ThreadDispatcher:
@@ -223,10 +225,7 @@ class ThreadDispatcher:
         self, items: Sequence[tuple[str, MemberTask]], opening: GroupOpening | None = None
     ) -> None:
         # No round trip to save; through send, so subclasses that hold tasks see each.
-        if opening is not None:
-            opening.open()
-        for zone, task in items:
-            self.send(zone, task)
+        send_each(self.send, items, opening)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

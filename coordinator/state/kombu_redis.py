@@ -61,13 +61,12 @@ class QoS(kombu_redis.QoS):
     channel: Any
     unacked_index_key: str
     unacked_key: str
+    _scripts_: tuple[Any, Any] | None = None  # (append, ack), made on first use
 
     def _scripts(self, client: Any) -> tuple[Any, Any]:
-        scripts: tuple[Any, Any] | None = getattr(self, "_haco_scripts", None)
-        if scripts is None:  # EVALSHA with any client; loaded again after NOSCRIPT
-            scripts = (client.register_script(_APPEND), client.register_script(_ACK))
-            self._haco_scripts = scripts
-        return scripts
+        if self._scripts_ is None:  # EVALSHA with any client; loaded again after NOSCRIPT
+            self._scripts_ = (client.register_script(_APPEND), client.register_script(_ACK))
+        return self._scripts_
 
     def append(self, message: Any, delivery_tag: Any) -> None:
         if self.channel.global_keyprefix:

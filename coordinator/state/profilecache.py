@@ -77,10 +77,10 @@ class RedisPlanReads:
         self._plan_script = client.register_script(lua("plan_read"))
         self._plan_cache: dict[str, _Entry] = {}  # "c:<id>" / "l:<id>" -> what was read
         self._plan_lock = threading.Lock()
-        # When each field's token was last confirmed by a read (its values may be older),
-        # and each candidate's cooldown flag: the view that fresh_s may reuse.
+        # When a read last confirmed each field's token (its values may be older), and
+        # each candidate's cooldown flag at that read: the view fresh_s may reuse.
         self._checked: dict[str, float] = {}
-        self._cool_cache: dict[str, tuple[bool, float]] = {}  # id -> (cooling, read at)
+        self._cooling: dict[str, bool] = {}
 
     def read_for_plan(
         self,
@@ -100,16 +100,17 @@ class RedisPlanReads:
         fields = [f"c:{c}" for c in candidate_ids] + [f"l:{lk}" for lk in link_ids]
         now = self.view_clock()
         with lock:  # the entries this read relies on, as they are now
-            held = {f: cache.get(f) for f in fields}
-            checked = [self._checked.get(f, -math.inf) for f in fields]
-            cool = [self._cool_cache.get(c) for c in candidate_ids]
-        if fresh_s > 0 and fields and min(checked) > now - fresh_s:
-            view = _fresh_view(candidate_ids, link_ids, held, cool, now - fresh_s)
-            if view is not None:
-                return view
+            held = [cache.get(f) for f in fields]
+            since = now - fresh_s
+            if (
+                fresh_s > 0
+                and fields
+                and all(self._checked.get(f, -math.inf) > since for f in fields)
+            ):
+                hot = {c for c in candidate_ids if self._cooling.get(c)}
+                return _plan_read(candidate_ids, link_ids, held, hot)  # no round trip
         known = [
-            e.token if e is not None and now - e.read_at < self.view_max_age_s else ""
-            for e in (held[f] for f in fields)
+            e.token if e is not None and now - e.read_at < self.view_max_age_s else "" for e in held
         ]
         ttl_ms = max(1, int(group_ttl_s * _MS)) if open_group is not None else 0
         names = [keys.PROFILE_SNAPSHOT, keys.PROFILE_EPOCH, keys.PROFILE_VERSIONS,
@@ -122,7 +123,7 @@ class RedisPlanReads:
         ]  # fmt: skip
         got: Any = self._guard("read profiles", lambda: script(keys=names, args=args))
         tokens, changed, cooling = got
-        fresh: dict[str, _Entry] = {}
+        entries, read = list(held), {}
         s, nc = self.profile_settings, len(candidate_ids)
         for j in range(0, len(changed), 2):
             i = int(changed[j]) - 1
@@ -130,44 +131,27 @@ class RedisPlanReads:
                 prof = _merged(changed[j + 1], decode_candidate, merge_candidate, s)
             else:
                 prof = _merged(changed[j + 1], decode_link, merge_link, s)
-            fresh[fields[i]] = _Entry(text(tokens[i]), prof, now)
-        if fresh:
-            with lock:
-                cache.update(fresh)
-        entries = [fresh.get(f) or held[f] for f in fields]
-        cands = {c: e.profile for c, e in zip(candidate_ids, entries[:nc], strict=True)
-                 if e is not None and isinstance(e.profile, CandidateProfile)}  # fmt: skip
-        links = {lk: e.profile for lk, e in zip(link_ids, entries[nc:], strict=True)
-                 if e is not None and isinstance(e.profile, LinkProfile)}  # fmt: skip
+            entries[i] = read[fields[i]] = _Entry(text(tokens[i]), prof, now)
         hot = {c for c, flag in zip(candidate_ids, cooling, strict=True) if int(flag)}
         with lock:
+            cache.update(read)  # only what this read fetched: a newer entry stays
             self._checked.update((f, now) for f in fields)
-            self._cool_cache.update((c, (c in hot, now)) for c in candidate_ids)
-        return PlanRead(cands, links, hot, credit is not None, open_group is not None)
+            self._cooling.update((c, c in hot) for c in candidate_ids)
+        return _plan_read(candidate_ids, link_ids, entries, hot, credit is not None, open_group)
 
 
-def _fresh_view(
+def _plan_read(
     candidate_ids: Sequence[str],
     link_ids: Sequence[str],
-    held: dict[str, _Entry | None],
-    cool: Sequence[tuple[bool, float] | None],
-    since: float,
-) -> PlanRead | None:
-    """The view from the cache when every cooldown flag of it was read after ``since``
-    (its profiles were: the caller checked), else None."""
-    if any(e is None for e in held.values()):
-        return None
-    if any(c is None or c[1] <= since for c in cool):
-        return None
-    cands: dict[str, CandidateProfile] = {}
-    for c in candidate_ids:
-        p = held[f"c:{c}"]
-        if p is not None and isinstance(p.profile, CandidateProfile):
-            cands[c] = p.profile
-    links: dict[str, LinkProfile] = {}
-    for lk in link_ids:
-        q = held[f"l:{lk}"]
-        if q is not None and isinstance(q.profile, LinkProfile):
-            links[lk] = q.profile
-    hot = {c for c, flag in zip(candidate_ids, cool, strict=True) if flag is not None and flag[0]}
-    return PlanRead(cands, links, hot)
+    entries: Sequence[_Entry | None],
+    hot: set[str],
+    credited: bool = False,
+    opened: str | None = None,
+) -> PlanRead:
+    """The read's answer from one entry per field (candidates, then links)."""
+    nc = len(candidate_ids)
+    cands = {c: e.profile for c, e in zip(candidate_ids, entries[:nc], strict=True)
+             if e is not None and isinstance(e.profile, CandidateProfile)}  # fmt: skip
+    links = {lk: e.profile for lk, e in zip(link_ids, entries[nc:], strict=True)
+             if e is not None and isinstance(e.profile, LinkProfile)}  # fmt: skip
+    return PlanRead(cands, links, hot, credited, opened is not None)
