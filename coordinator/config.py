@@ -225,6 +225,12 @@ class HacoSettings(BaseSettings):
     # to worker_redis_wait_s for a free one (StoreError after that).
     worker_redis_connections: Annotated[int, Field(ge=2, le=10_000)] = 64
     worker_redis_wait_s: Seconds = 30.0
+    # Connections each process keeps beside redis-py's pool for its hot-path calls (a
+    # member's start and report scripts; a group's open-and-send, reply wait and close):
+    # redis-py's own per-command path costs about as much CPU as the command itself
+    # (coordinator.state.lean). A call that finds them all busy takes the pool's path;
+    # 0: every call does. A member holds one for a command, a caller for its reply wait.
+    redis_hot_connections: Annotated[int, Field(ge=0, le=10_000)] = 32
     # Celery task events feed Flower and `celery events`. They cost three extra broker
     # messages per member (two before it starts), so they are opt-in.
     task_events: bool = False

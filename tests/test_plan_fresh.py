@@ -31,6 +31,7 @@ from coordinator.state import keys
 from coordinator.state.broker import with_db
 from coordinator.state.budget import MemoryBudget
 from coordinator.state.hedgedelay import MemoryDelayWindow
+from coordinator.state.lean import LeanScript
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.opening import GroupOpening
 from coordinator.state.store import RedisStore
@@ -137,9 +138,9 @@ def test_the_opening_rides_in_the_members_round_trip(
         "execute",
         lambda self, raise_on_error=True: calls.append("pipeline") or execute(self, raise_on_error),
     )
-    evalsha = redis.commands.core.Script.__call__
+    evalsha = LeanScript.__call__
     monkeypatch.setattr(
-        redis.commands.core.Script,
+        LeanScript,
         "__call__",
         lambda self, *a, **k: calls.append("script") or evalsha(self, *a, **k),
     )

@@ -36,6 +36,7 @@ from coordinator.state.cancelwatch import RedisCancelWatcher
 from coordinator.state.codec import text
 from coordinator.state.hedgedelay import RedisDelayWindow
 from coordinator.state.keys import JUDGE_QUEUE, JUDGE_TASK, MEMBER_TASK
+from coordinator.state.lean import close_lean, lean_for
 from coordinator.state.memberops import BrokerAck
 from coordinator.state.store import RedisStore
 from coordinator.tracestore.db import connect
@@ -117,6 +118,7 @@ class WorkerRuntime:
                     timeout=self.settings.worker_redis_wait_s,
                 )
                 self._client = redis.Redis(connection_pool=pool)
+                lean_for(self._client, self.settings.redis_hot_connections)
             return self._client
 
     def context(self) -> MemberContext:
@@ -150,6 +152,7 @@ class WorkerRuntime:
         if http is not None:
             http.close()
         if client is not None:
+            close_lean(client)
             client.close()
 
     def pool(self) -> PoolConfig:

@@ -32,6 +32,7 @@ from coordinator.state import keys
 from coordinator.state.broker import with_db
 from coordinator.state.budget import RedisBudget
 from coordinator.state.hedgedelay import RedisDelayWindow
+from coordinator.state.lean import close_lean, lean_for
 from coordinator.state.store import RedisStore
 from schemas.enums import LaunchMode, WinnerMode
 from schemas.models import Message, RoleInvocation
@@ -71,12 +72,18 @@ class HacoClient:
         url = redis_url or service_url(self.settings)
         self.pool = Pool(pool or pool_from_settings(self.settings))
         self.redis = redis.Redis.from_url(with_db(url, keys.APP_DB))
+        lean_for(self.redis, self.settings.redis_hot_connections)
         self.app = sending_app(self.settings, url)
         self.store = RedisStore(self.redis, view_max_age_s=self.settings.profile_view_max_age_s)
         self.coordinator = Coordinator(
             self.pool,
             self.store,
-            CeleryDispatcher(self.app, self.pool.zones, app_db=keys.APP_DB),
+            CeleryDispatcher(
+                self.app,
+                self.pool.zones,
+                app_db=keys.APP_DB,
+                hot_connections=self.settings.redis_hot_connections,
+            ),
             RedisBudget(self.redis, self.settings),
             RedisDelayWindow(self.redis, self.settings),
             self.settings,
@@ -158,6 +165,7 @@ class HacoClient:
     def close(self) -> None:
         self.submitter.close()  # accepted invocations finish and store their outcomes
         self.coordinator.close()  # pending records of lost members: dropped
+        close_lean(self.redis)
         self.redis.close()
         self.app.close()
 

@@ -28,6 +28,7 @@ from coordinator.runtime.pool import check_zone
 from coordinator.state.broker import celery_conf
 from coordinator.state.celery_wire import MemberWire, wire_unsupported
 from coordinator.state.keys import BUDGET, MEMBER_TASK, group_state, queue_for
+from coordinator.state.lean import DEFAULT_HOT_CONNECTIONS, close_lean, lean_for
 from coordinator.state.lua import lua
 from coordinator.state.opening import GroupOpening
 from schemas.enums import GroupSignal
@@ -67,7 +68,8 @@ class CeleryDispatcher:
     ``app.conf.broker_url``, made here, closed by :meth:`close`). ``app_db``: the
     database of HACO's own keys on the broker's server (keys.APP_DB, as HacoClient's);
     with it a group's opening rides in its members' round trip (open_send.lua), without
-    it the opening's own round trip goes first."""
+    it the opening's own round trip goes first. ``hot_connections``: the broker
+    client's connections for that round trip (coordinator.state.lean)."""
 
     def __init__(
         self,
@@ -75,6 +77,7 @@ class CeleryDispatcher:
         zones: frozenset[str],
         broker: redis.Redis | None = None,
         app_db: int | None = None,
+        hot_connections: int = DEFAULT_HOT_CONNECTIONS,
     ) -> None:
         self.app = app
         self.zones = zones
@@ -88,7 +91,8 @@ class CeleryDispatcher:
             self.redis = broker or redis.Redis.from_url(
                 str(app.conf.broker_url), retry=PUBLISH_RETRY
             )
-            self._open_send = self.redis.register_script(lua("open_send"))
+            lean = lean_for(self.redis, hot_connections)  # coordinator.state.lean
+            self._open_send = lean.script(lua("open_send"))
         self.app_db = app_db
         # Queues whose binding this dispatcher wrote (send_task declares once too).
         self._declared: set[str] = set()
@@ -163,7 +167,7 @@ class CeleryDispatcher:
             max(1, int(o.ttl_s * 1000)), repr(float(amount)), budget_ttl_ms, len(bindings),
             *(b for _, b in bindings), *(e for _, e in entries),
         ]  # fmt: skip
-        self._open_send(keys=names, args=args, client=client)
+        self._open_send(keys=names, args=args)
 
     def send_task(self, zone: str, task: MemberTask) -> None:
         """One member through Celery's own publish path (``app.send_task``)."""
@@ -180,6 +184,7 @@ class CeleryDispatcher:
 
     def close(self) -> None:
         if self.redis is not None:
+            close_lean(self.redis)
             self.redis.close()
 
 

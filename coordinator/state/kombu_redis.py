@@ -42,6 +42,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
+from coordinator.state.lean import LeanScript, lean_for
 from coordinator.state.scriptacks import SCRIPT_ACKS
 
 # KEYS: the unacked index (a zset of delivery tags by delivery time), the unacked hash.
@@ -61,12 +62,15 @@ class QoS(kombu_redis.QoS):
     channel: Any
     unacked_index_key: str
     unacked_key: str
-    _scripts_: tuple[Any, Any] | None = None  # (append, ack), made on first use
+    # (the client, its append script, its ack script), made on first use of a client
+    _scripts_: tuple[Any, LeanScript, LeanScript] | None = None
 
-    def _scripts(self, client: Any) -> tuple[Any, Any]:
-        if self._scripts_ is None:  # EVALSHA with any client; loaded again after NOSCRIPT
-            self._scripts_ = (client.register_script(_APPEND), client.register_script(_ACK))
-        return self._scripts_
+    def _scripts(self, client: Any) -> tuple[LeanScript, LeanScript]:
+        made = self._scripts_
+        if made is None or made[0] is not client:  # EVALSHA; its text again after NOSCRIPT
+            lean = lean_for(client)  # without redis-py's per-command path
+            made = self._scripts_ = (client, lean.script(_APPEND), lean.script(_ACK))
+        return made[1], made[2]
 
     def append(self, message: Any, delivery_tag: Any) -> None:
         if self.channel.global_keyprefix:
@@ -77,9 +81,7 @@ class QoS(kombu_redis.QoS):
         entry = dumps(route)  # type: ignore[no-untyped-call]
         with self.channel.conn_or_acquire() as client:
             keys = [self.unacked_index_key, self.unacked_key]
-            self._scripts(client)[0](
-                keys=keys, args=[repr(time()), delivery_tag, entry], client=client
-            )
+            self._scripts(client)[0](keys, [repr(time()), delivery_tag, entry])
             virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
 
     def ack(self, delivery_tag: Any) -> None:
@@ -91,7 +93,7 @@ class QoS(kombu_redis.QoS):
             return
         with self.channel.conn_or_acquire() as client:
             keys = [self.unacked_index_key, self.unacked_key]
-            self._scripts(client)[1](keys=keys, args=[delivery_tag], client=client)
+            self._scripts(client)[1](keys, [delivery_tag])
         virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]
 
 

@@ -28,6 +28,7 @@ from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.core.profiles import CandidateObservation, LinkObservation
 from coordinator.state import keys
 from coordinator.state.codec import text
+from coordinator.state.lean import lean_for
 from coordinator.state.lua import lua
 from coordinator.state.scriptacks import SCRIPT_ACKS
 from schemas.enums import GroupSignal
@@ -148,8 +149,9 @@ class RedisMemberOps:
 
     def _init_member_ops(self, client: redis.Redis) -> None:
         """Register the two scripts (EVALSHA: their text is sent once): the store's init."""
-        self._start_script = client.register_script(lua("member_start"))
-        self._report_script = client.register_script(lua("profile_fold") + lua("member_report"))
+        lean = lean_for(client)  # EVALSHA without redis-py's per-command path
+        self._start_script = lean.script(lua("member_start"))
+        self._report_script = lean.script(lua("profile_fold") + lua("member_report"))
 
     def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]:
         """The group's signal at the start, and whether the member runs."""

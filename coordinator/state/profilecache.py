@@ -32,6 +32,7 @@ from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import CandidateProfile, LinkProfile, merge_candidate, merge_link
 from coordinator.state import keys
 from coordinator.state.codec import decode_candidate, decode_link, text
+from coordinator.state.lean import lean_for
 from coordinator.state.lua import lua
 from schemas.enums import GroupSignal
 
@@ -74,7 +75,7 @@ class RedisPlanReads:
     def _init_plan_reads(self, client: redis.Redis, view_max_age_s: float) -> None:
         """The read's script and an empty cache: the store's init."""
         self.view_max_age_s = view_max_age_s
-        self._plan_script = client.register_script(lua("plan_read"))
+        self._plan_script = lean_for(client).script(lua("plan_read"))
         self._plan_cache: dict[str, _Entry] = {}  # "c:<id>" / "l:<id>" -> what was read
         self._plan_lock = threading.Lock()
         # When a read last confirmed each field's token (its values may be older), and

@@ -49,6 +49,7 @@ from coordinator.state.epochs import (
     read_view,
     write_delta,
 )
+from coordinator.state.lean import lean_for
 from coordinator.state.lua import lua
 from coordinator.state.memberops import OutcomeLimits, RedisMemberOps
 from coordinator.state.outcomes import RedisOutcomes
@@ -139,7 +140,8 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
     ) -> None:
         self.r = client
         self.profile_settings = profile_settings or ProfileSettings()
-        self._close = client.register_script(lua("close_group"))  # EVALSHA: sent once
+        self._lean = lean_for(client)  # the hot path's calls (coordinator.state.lean)
+        self._close = self._lean.script(lua("close_group"))  # EVALSHA: sent once
         self._init_member_ops(client)
         self._init_plan_reads(client, view_max_age_s)
         # Threads of one worker that fold into the same delta key would make each other's
@@ -204,7 +206,7 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
         if timeout_s <= 0:
             raw = self._guard("pop a reply", lambda: self.r.rpop(key))
             return raw.decode() if isinstance(raw, bytes) else None
-        got = self._guard("wait for a reply", lambda: self.r.brpop([key], timeout=timeout_s))
+        got = self._guard("wait for a reply", lambda: self._lean.execute("BRPOP", key, timeout_s))
         if not got:
             return None
         value = got[1]
@@ -216,7 +218,9 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
         key = keys.group_replies(group_id)
         got: Any = self._guard(
             "wait for a reply",
-            lambda: self.r.blmpop(max(timeout_s, 0.001), 1, key, direction="RIGHT", count=max_n),
+            lambda: self._lean.execute(
+                "BLMPOP", max(timeout_s, 0.001), 1, key, "RIGHT", "COUNT", max_n
+            ),
         )
         return [text(v) for v in got[1]] if got else []
 
