@@ -233,6 +233,24 @@ def ingest_command(r: Json) -> str:
     )
 
 
+def lean_section(lean: Json | None) -> list[str]:
+    """bench.leancall: CPU per call through redis-py's Redis and through LeanRedis."""
+    if lean is None:
+        return [NA]
+    c, ratio = lean["cpu_us_per_call"], lean["lean_over_redis_py"]
+    rows = [
+        [
+            what,
+            num(c[f"{what} redis-py"], 1),
+            num(c[f"{what} lean"], 1),
+            f"{ratio[what]:.2f}",
+        ]
+        for what in ("ping", "script")
+    ]
+    head = ["call (script: 8 keys, 23 arguments)", "redis-py, µs", "lean, µs", "lean / redis-py"]
+    return table(head, rows)
+
+
 def machine_section(inputs: Mapping[str, tuple[str, Json | None, str | None]]) -> list[str]:
     """Per JSON: the command that produced it (``inputs``' own, else the JSON's), when,
     on what. bench.ingest's JSON has no machine block: its cpus only."""

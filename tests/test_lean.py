@@ -14,6 +14,7 @@ import pytest
 import redis
 from polling import wait_for
 
+from bench import leancall
 from coordinator.state.lean import LeanRedis, close_lean, lean_for
 
 SCRIPT = "redis.call('SET', KEYS[1], ARGV[1]); return {redis.call('GET', KEYS[1]), #ARGV}"
@@ -116,3 +117,12 @@ def test_a_forked_child_uses_its_own_connections(redis_db: redis.Redis) -> None:
     assert redis_db.get("child") == b"1"
     assert _id(lean) == parent  # the parent's connection is intact and still its own
     lean.close()
+
+
+def test_the_call_bench_measures_both_paths(redis_url: str) -> None:
+    res = leancall.run(redis_url, n=20, rounds=2)
+    assert set(res["cpu_us_per_call"]) == {
+        "ping redis-py", "ping lean", "script redis-py", "script lean",
+    }  # fmt: skip
+    assert all(v > 0 for v in res["cpu_us_per_call"].values())
+    assert set(res["lean_over_redis_py"]) == {"ping", "script"}

@@ -3,10 +3,11 @@
 ``redis.Redis.execute_command`` takes a connection from its pool (a lock, a poll of the
 socket for stray data, connection-count bookkeeping), runs the call inside its retry
 policy, looks the reply up in a table of some 200 response callbacks and returns the
-connection: about 40 µs of CPU per call on the project's machine, as much as packing,
-sending and parsing the command itself (``bench/leancall.py``). A member costs its worker
-two script calls and a group costs its coordinator three calls, so that machinery was a
-tenth of a member's worker CPU.
+connection: on the project's machine a script call costs the client about twice the CPU
+of packing, sending and parsing the command alone, and a PING 2.5 times
+(``python -m bench.leancall``). A member costs its worker two script calls and a group
+costs its coordinator three calls, so that machinery was a tenth of a member's worker
+CPU.
 
 :class:`LeanRedis` keeps a stack of its own connections to the client's server, built
 like the client's (its pool's connection class and arguments: URL, database, password,
