@@ -38,10 +38,18 @@ HEDGED = {"tau": 0.9999, "winner_mode": "first"}  # τ out of reach: the whole p
 
 
 def wait_ready(client: HacoClient, role: str, svc: Services) -> None:
-    try:
-        client.invoke(role, "ready?", deadline_s=READY_TIMEOUT_S)
-    except Exception as exc:
-        raise RuntimeError(f"HACO worker not ready: {exc}\n{svc.log_tail('local')}") from exc
+    """Until a call succeeds: a worker still starting fails a call whose member waits
+    longer than the start timeout in its queue, so one failed call proves nothing."""
+    end = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            client.invoke(role, "ready?", deadline_s=READY_TIMEOUT_S)
+            return
+        except Exception as exc:
+            if time.monotonic() > end:
+                log = svc.log_tail("local")
+                raise RuntimeError(f"HACO worker not ready: {exc}\n{log}") from exc
+            time.sleep(0.2)  # a call refused at once (no worker yet) is not retried hot
 
 
 def _drain(svc: Services, limit_s: float = 10.0) -> None:

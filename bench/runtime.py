@@ -33,8 +33,10 @@ from bench.rtlib import Services, echo_floor, echo_peer, machine, server_info, s
 BENCHES = ("overhead", "throughput", "tail", "loser")  # `all`
 CURVES = ("growth", "planning")  # issue 12's growth curves, run by name
 DEFAULT_N = {"overhead": 1000, "tail": 1500, "loser": 200, "planning": 500}
-# --duration / --rounds unless given: long rounds at one level, short ones at four.
-DEFAULT_LOAD = {"throughput": (6.0, 2), "growth": (3.0, 1)}
+# --duration / --rounds unless given. Throughput alternates its three phases in 4 short
+# rounds rather than 2 long ones: on a noisy machine a burst of other load then spoils
+# one round of four, not one of two. Growth: one short round at each of four levels.
+DEFAULT_LOAD = {"throughput": (3.0, 4), "growth": (3.0, 1)}
 
 
 class Interrupted(Exception):
