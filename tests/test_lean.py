@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import Any
 
 import pytest
@@ -108,7 +109,9 @@ def test_none_allowed_is_redis_pys_path(redis_db: redis.Redis) -> None:
 def test_a_forked_child_uses_its_own_connections(redis_db: redis.Redis) -> None:
     lean = LeanRedis(redis_db)
     parent = _id(lean)  # an idle connection the child inherits
-    pid = os.fork()
+    with warnings.catch_warnings():  # 3.12+: a fork beside other tests' threads warns
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the child: never on the parent's socket; then out, skipping pytest
         ok = _id(lean) != parent and lean.execute("SET", "child", 1) == b"OK"
         os._exit(0 if ok else 1)
