@@ -18,15 +18,18 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from runtime_helpers import ScriptedBackend, Step, invocation, small_pool
+from runtime_helpers import ROLE, ScriptedBackend, Step, invocation, small_pool
 from services import flush_runtime_dbs
 
 from coordinator.config import HacoSettings
+from coordinator.core.evidence import PoolMember, build_view
+from coordinator.core.methods import PoolView
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import CandidateObservation
 from coordinator.errors import AllFailedError
 from coordinator.runtime.coordinator import Coordinator
 from coordinator.runtime.dispatch import CeleryDispatcher, ThreadDispatcher, sending_app
+from coordinator.runtime.viewing import Views
 from coordinator.state import keys
 from coordinator.state.broker import with_db
 from coordinator.state.budget import MemoryBudget
@@ -95,6 +98,45 @@ def test_the_memory_store_always_reads() -> None:
     got = store.read_for_plan(IDS, LINKS, "g1", TTL, None, fresh_s=10.0)
     assert got.opened and "c1" in got.candidates
     assert store.group_state("g1") is GroupSignal.OPEN
+
+
+def test_a_view_is_built_again_only_when_what_it_is_built_from_changed(
+    redis_db: redis.Redis,
+) -> None:
+    # Unchanged profiles hand back the same objects (the plan cache's), so the view's
+    # arrays are reused, sized for each request; a changed profile or a cooldown builds
+    # them again. Either way the view is build_view's own, to the bit.
+    settings = HacoSettings(plan_view_fresh_s=0.0)  # every view() is a read
+    store = RedisStore(redis_db)
+    store.update_candidate("c0", OBS, INF, TTL)
+    pool = small_pool(3)
+    views = Views(pool, store, settings, INF)
+
+    def rebuilt(nbytes: float) -> PoolView:
+        members = [
+            PoolMember(c.id, c.zone, c.model, "") for c in views.view(ROLE, 0, None, None)[0]
+        ]
+        read = store.read_for_plan([m.candidate_id for m in members], ["local->local"], None, TTL)
+        return build_view(members, "local", read.candidates, read.links, nbytes, INF)
+
+    def same(a: PoolView, b: PoolView) -> bool:
+        fields = ("alpha", "beta", "f_int", "loss", "t_proc_s", "bytes", "bandwidth_Bps",
+                  "jitter_Bps", "rtt_s")  # fmt: skip
+        return list(a.ids) == list(b.ids) and all(
+            np.array_equal(getattr(a.stats, f), getattr(b.stats, f)) for f in fields
+        )
+
+    _, first, _ = views.view(ROLE, 100.0, None, None)
+    _, bigger, _ = views.view(ROLE, 5123.5, None, None)
+    assert bigger.stats.alpha is first.stats.alpha  # read again, nothing changed: reused
+    assert same(first, rebuilt(100.0)) and same(bigger, rebuilt(5123.5))
+    store.update_candidate("c0", OBS, INF, TTL)
+    _, changed, _ = views.view(ROLE, 5123.5, None, None)
+    assert changed.stats.alpha is not first.stats.alpha
+    assert changed.calls[0] == first.calls[0] + 1 and same(changed, rebuilt(5123.5))
+    store.set_cooldown("c1", TTL, 1e12)
+    cands, cooled, _ = views.view(ROLE, 5123.5, None, None)
+    assert [c.id for c in cands] == ["c0", "c2"] and list(cooled.ids) == ["c0", "c2"]
 
 
 # ---------------------------------------------------------------- the send opens the group

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -142,6 +142,15 @@ def build_view(
         mean_quality=np.array([(p.mean_quality or 0.0) if p else 0.0 for p in profs]),
         dependence=dep,
     )
+
+
+def for_request(base: PoolView, request_bytes: float) -> PoolView:
+    """``base`` (a view built for a request of 0 bytes) for a request of
+    ``request_bytes``: the request's size enters a view only through each candidate's
+    bytes, ``out_bytes + request_bytes`` (build_arrays), and ``out_bytes + 0.0`` is
+    ``out_bytes`` exactly, so this is the view build_view gives, to the bit."""
+    stats = replace(base.stats, bytes=base.stats.bytes + float(request_bytes))
+    return replace(base, stats=stats)
 
 
 class DependenceMemo:

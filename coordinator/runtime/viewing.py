@@ -16,7 +16,13 @@ from collections.abc import Callable
 
 from coordinator.config import HacoSettings
 from coordinator.core.cofailure import CoFailure
-from coordinator.core.evidence import DependenceMemo, PoolMember, build_view, link_id
+from coordinator.core.evidence import (
+    DependenceMemo,
+    PoolMember,
+    build_view,
+    for_request,
+    link_id,
+)
 from coordinator.core.methods import PoolView
 from coordinator.core.params import ProfileSettings
 from coordinator.runtime.pool import Pool, endpoint_host
@@ -46,6 +52,11 @@ class Views:
         self._cofailure_at = -math.inf
         self._dependence = DependenceMemo(profile_settings)
         self._stale: set[str] = set()  # roles whose next view is read, whatever its age
+        # Each role's last view (for a request of 0 bytes: evidence.for_request sizes it)
+        # and what it was built from: build_view is a pure function of its inputs, and a
+        # read that changed nothing hands back the very profile objects it handed before
+        # (the plan cache's), so the same view serves again.
+        self._built: dict[str, tuple[_ViewInputs, PoolView]] = {}
 
     def mark_stale(self, role: str) -> None:
         """``role``'s next view is read afresh (a failure or a loss was seen)."""
@@ -83,11 +94,17 @@ class Views:
         # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
         cands = [c for c in cands if c.id not in read.cooling] or cands
         members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
-        view = build_view(
-            members, caller, read.candidates, read.links, request_bytes, self.profile_settings,
-            self._dependence.get(members, self.cofailure()),
-        )  # fmt: skip
-        return cands, view, read
+        dep = self._dependence.get(members, self.cofailure())
+        inputs = _ViewInputs(tuple(members), caller, read, dep)
+        built = self._built.get(role)
+        if built is not None and built[0].same(inputs):
+            base = built[1]
+        else:
+            base = build_view(
+                members, caller, read.candidates, read.links, 0.0, self.profile_settings, dep
+            )
+            self._built[role] = (inputs, base)
+        return cands, for_request(base, request_bytes), read
 
     def opening(self, read: PlanRead, group_id: str, credit: Credit) -> GroupOpening | None:
         """What the plan's read left to open with the first members: None when it opened
@@ -98,3 +115,34 @@ class Views:
         # Without a fused send, the same script as the read, reading nothing.
         opener = functools.partial(self.store.read_for_plan, [], [], group_id, ttl_s, credit)
         return GroupOpening(group_id, ttl_s, credit, opener)
+
+
+class _ViewInputs:
+    """What one role's view was built from; profiles and failure domains compared by
+    identity (they are immutable, and a cache hit returns the same objects)."""
+
+    __slots__ = ("caller", "dependence", "members", "profiles")
+
+    def __init__(
+        self,
+        members: tuple[PoolMember, ...],
+        caller: str,
+        read: PlanRead,
+        dependence: object,
+    ) -> None:
+        self.members, self.caller = members, caller
+        self.profiles = (*read.candidates.items(), *read.links.items())
+        self.dependence = dependence
+
+    def same(self, other: _ViewInputs) -> bool:
+        if (
+            self.members != other.members
+            or self.caller != other.caller
+            or self.dependence is not other.dependence
+            or len(self.profiles) != len(other.profiles)
+        ):
+            return False
+        return all(
+            k == ok and v is ov
+            for (k, v), (ok, ov) in zip(self.profiles, other.profiles, strict=True)
+        )
