@@ -251,6 +251,23 @@ def lean_section(lean: Json | None) -> list[str]:
     return table(head, rows)
 
 
+def report_script_section(rep: Json | None) -> list[str]:
+    """bench.reportscript: the server's µs per member report script, by part, and the
+    fold with its windows' lengths kept against counted, side by side."""
+    if rep is None:
+        return [NA]
+    us = rep["server_us_per_report"]
+    rows = [[case, num(v, 1)] for case, v in us.items()]
+    lines = table(["report (windows full)", "Redis server µs per report"], rows)
+    lines += [
+        "",
+        f"With the windows' lengths kept beside them the report with both folds takes "
+        f"{rep['kept_over_counted']:.2f}× the time of the same report counting them "
+        f"(median of the per-round ratios, {rep['rounds']} rounds × {rep['n']} reports).",
+    ]
+    return lines
+
+
 def machine_section(inputs: Mapping[str, tuple[str, Json | None, str | None]]) -> list[str]:
     """Per JSON: the command that produced it (``inputs``' own, else the JSON's), when,
     on what. bench.ingest's JSON has no machine block: its cpus only."""

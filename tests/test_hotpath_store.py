@@ -241,6 +241,39 @@ def test_the_script_folds_onto_a_delta_the_python_writers_left(redis_db: redis.R
     assert got.calls == 2 and got.alpha == want_alpha and got.network_failures == 1
 
 
+def test_the_windows_stay_exact_across_the_script_and_the_python_writers(
+    redis_db: redis.Redis,
+) -> None:
+    """The script keeps each window's length beside it; a value a Python writer left has
+    none and is counted once. Either way the window is the pure fold's, to the bit."""
+    settings = ProfileSettings(latency_window=3, bandwidth_window=2)
+    store = RedisStore(redis_db, settings)
+    cand, link = CandidateProfile("c1"), LinkProfile("a", "b")
+    for i in range(11):
+        obs = CandidateObservation(float(i), True, None, 0.5, 0.1 * (i + 1), 1, 2)
+        leg = LinkObservation(float(i), 100.0 * (i + 1), False, 0.01, 0.02)
+        if i % 4 == 3:  # a Python writer (a lost member's record): no length beside it
+            store.update_candidate("c1", obs, settings, TTL)
+            store.update_link("a->b", "a", "b", [leg], settings, TTL)
+        else:
+            store.report_member(outcome(f"g{i}", cand_obs=obs, legs=(leg,)), settings, LIMITS)
+        cand = update_candidate(cand, obs, settings)
+        link = update_link_many(link, [leg], settings)
+        got_c, got_l = profiles(store)
+        assert got_c is not None and got_l is not None
+        assert got_c.recent_latency_s == cand.recent_latency_s, i
+        assert got_l.recent_bandwidth_Bps == link.recent_bandwidth_Bps, i
+    raw = (redis_db.get(keys.delta_candidate(0, "c1")) or b"").decode()
+    assert '"recent_latency_s_n":3' in raw  # the last write was the script's
+
+
+def test_a_window_length_beside_a_non_finite_value_is_ignored_by_the_json_path() -> None:
+    raw = '{"candidate_id":"c","latency":{"n":1,"s1":Infinity,"s2":Infinity},'
+    raw += '"recent_latency_s":[0.5],"recent_latency_s_n":1}'
+    got = decode_candidate(raw)
+    assert got.recent_latency_s == (0.5,) and got.latency.s1 == math.inf
+
+
 def test_the_script_folds_into_the_current_epoch(redis_db: redis.Redis) -> None:
     redis_db.set(keys.PROFILE_EPOCH, 4)
     RedisStore(redis_db).report_member(outcome(cand_obs=OBS, legs=(LEG,)), INF, LIMITS)
@@ -329,3 +362,25 @@ def test_profiles_decode_fast_and_the_json_path_takes_what_msgspec_refuses() -> 
     assert decode_candidate(encode(odd)) == odd
     legacy = '{"src":"a","dst":"b","transmissions":2,"observations":2}'  # no window yet
     assert decode_link(legacy) == LinkProfile("a", "b", transmissions=2.0, observations=2)
+
+
+def test_the_report_script_bench_times_every_part(redis_url: str) -> None:
+    from bench import reportscript
+
+    res = reportscript.run(redis_url, n=5, rounds=1)
+    assert tuple(res["server_us_per_report"]) == reportscript.CASES
+    assert all(v > 0 for v in res["server_us_per_report"].values())
+    assert res["kept_over_counted"] > 0
+
+
+def test_the_bench_strips_what_the_script_keeps(redis_db: redis.Redis) -> None:
+    from bench import reportscript
+
+    store = RedisStore(redis_db, ProfileSettings(latency_window=3))
+    for i in range(4):
+        store.report_member(outcome(f"g{i}", cand_obs=OBS), INF, LIMITS)
+    key = keys.delta_candidate(0, "c1")
+    redis_db.rename(key, keys.delta_candidate(0, "cand-x"))
+    reportscript._strip_lengths(redis_db, "x")
+    raw = redis_db.get(keys.delta_candidate(0, "cand-x")) or b""
+    assert b"recent_latency_s_n" not in raw and b'"recent_latency_s":[' in raw

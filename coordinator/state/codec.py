@@ -32,8 +32,11 @@ def encode(profile: CandidateProfile | LinkProfile) -> str:
     return json.dumps(data, separators=(",", ":"))
 
 
-def _moments(raw: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    out = dict(raw)
+def _moments(raw: dict[str, Any], names: tuple[str, ...], kind: type) -> dict[str, Any]:
+    # Only the profile's own fields: the Lua fold writes beside each window its length
+    # ("recent_latency_s_n", coordinator/state/profile_fold.lua), which msgspec ignores.
+    known = {f.name for f in fields(kind)}
+    out = {k: v for k, v in raw.items() if k in known}
     for name in names:
         if name in out:
             out[name] = Moments(**out[name])
@@ -52,7 +55,7 @@ def decode_candidate(text: str | bytes) -> CandidateProfile:
     try:
         return _CANDIDATE.decode(text)
     except msgspec.DecodeError:
-        raw = _moments(json.loads(text), _CAND_MOMENTS)
+        raw = _moments(json.loads(text), _CAND_MOMENTS, CandidateProfile)
         raw["recent_latency_s"] = tuple(raw.get("recent_latency_s", ()))
         return CandidateProfile(**raw)
 
@@ -61,7 +64,7 @@ def decode_link(text: str | bytes) -> LinkProfile:
     try:
         return _LINK.decode(text)
     except msgspec.DecodeError:
-        raw = _moments(json.loads(text), _LINK_MOMENTS)
+        raw = _moments(json.loads(text), _LINK_MOMENTS, LinkProfile)
         # A value written before the window existed has none (the moments stand in).
         raw["recent_bandwidth_Bps"] = tuple(raw.get("recent_bandwidth_Bps", ()))
         return LinkProfile(**raw)
