@@ -252,20 +252,12 @@ def lean_section(lean: Json | None) -> list[str]:
 
 
 def report_script_section(rep: Json | None) -> list[str]:
-    """bench.reportscript: the server's µs per member report script, by part, and the
-    fold with its windows' lengths kept against counted, side by side."""
+    """bench.reportscript: the server's µs per member report script, by part."""
     if rep is None:
         return [NA]
     us = rep["server_us_per_report"]
     rows = [[case, num(v, 1)] for case, v in us.items()]
-    lines = table(["report (windows full)", "Redis server µs per report"], rows)
-    lines += [
-        "",
-        f"With the windows' lengths kept beside them the report with both folds takes "
-        f"{rep['kept_over_counted']:.2f}× the time of the same report counting them "
-        f"(median of the per-round ratios, {rep['rounds']} rounds × {rep['n']} reports).",
-    ]
-    return lines
+    return table(["report (windows full)", "Redis server µs per report"], rows)
 
 
 def machine_section(inputs: Mapping[str, tuple[str, Json | None, str | None]]) -> list[str]:

@@ -5,18 +5,15 @@
 The report is the one script every member runs on the server, and Redis shares the
 machine's cores with the client and the workers: its server time is a member's CPU too.
 Each case sends ``--n`` reports through ``RedisStore.report_member`` to one server
-(HACO_REDIS_URL, else an embedded one in a temporary directory) and reads the server's
-own microseconds per EVALSHA from ``INFO commandstats`` (nested calls included), after
-the profile windows are full (``ProfileSettings`` defaults: 256 latencies, 256
-bandwidths), as they are on a busy candidate. The cases, interleaved round by round:
+(HACO_REDIS_URL, else an embedded one in a temporary directory; nothing else should use
+it meanwhile) and reads the server's own microseconds per EVALSHA from ``INFO
+commandstats`` (nested calls included), after the profile windows are full
+(``ProfileSettings`` defaults: 256 latencies, 256 bandwidths), as they are on a busy
+candidate. The cases, interleaved round by round:
 
 - ``reply``: the reply only (a member that never started);
 - ``trace``: reply, outcome claim and trace, nothing to fold;
-- ``candidate``, ``link`` (2 legs), ``both``: with the folds;
-- ``both, windows counted``: ``both`` onto values that carry no window length (as a
-  Python writer leaves them, and as every value was before the script kept the length
-  beside its window), so the script counts the windows' numbers: the fold's cost before
-  and after that change, side by side.
+- ``candidate``, ``link`` (2 legs), ``both``: with the folds.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -40,19 +36,16 @@ from coordinator.core.params import ProfileSettings
 from coordinator.core.percentiles import median
 from coordinator.core.profiles import CandidateObservation, LinkObservation
 from coordinator.services.embedded_redis import EmbeddedRedis
-from coordinator.state import keys
 from coordinator.state.memberops import MemberOutcome, OutcomeLimits
 from coordinator.state.store import RedisStore
 
-CASES = ("reply", "trace", "candidate", "link", "both", "both, windows counted")
+CASES = ("reply", "trace", "candidate", "link", "both")
 REPORT = '{"trace": "' + "x" * 1200 + '"}'  # about a member report's JSON size
 LIMITS = OutcomeLimits(profile_ttl_s=600.0, trace_maxlen=10_000, trace_ttl_s=600.0)
-_LENGTH = re.compile(rb',"recent_[a-zA-Z_]+_n":\d+')
 
 
 def _outcome(case: str, i: int, now: float) -> MemberOutcome:
-    cand = case in ("candidate", "both", "both, windows counted")
-    link = case in ("link", "both", "both, windows counted")
+    cand, link = case in ("candidate", "both"), case in ("link", "both")
     obs = CandidateObservation(now, True, None, 0.8, 0.2 + (i % 97) * 1e-3, 100, 200)
     leg = LinkObservation(now, 1000.0 + i % 89, False, 0.001, 0.02)
     return MemberOutcome(
@@ -62,28 +55,15 @@ def _outcome(case: str, i: int, now: float) -> MemberOutcome:
     )  # fmt: skip
 
 
-def _strip_lengths(r: redis.Redis, case: str) -> None:
-    """The case's delta values without their window lengths (client side, untimed)."""
-    for key in (keys.delta_candidate(0, f"cand-{case}"), keys.delta_link(0, f"link-{case}")):
-        raw = r.get(key)
-        if raw is not None:
-            value = raw.encode() if isinstance(raw, str) else raw
-            r.set(key, _LENGTH.sub(b"", value), keepttl=True)
-
-
 def server_us(r: redis.Redis, store: RedisStore, case: str, n: int, base: int) -> float:
-    """Server µs per report script of ``n`` reports of ``case``."""
-    settings, strip = ProfileSettings(), case.endswith("counted")
-    total_us, calls = 0, 0
+    """Server µs per report script of ``n`` reports of ``case``, sent one after another
+    (only this process talks to the server: every EVALSHA counted is one of them)."""
+    settings = ProfileSettings()
+    r.config_resetstat()
     for i in range(base, base + n):
-        if strip:
-            _strip_lengths(r, case)
-        r.config_resetstat()
         store.report_member(_outcome(case, i, time.time()), settings, LIMITS)
-        stat = r.info("commandstats").get("cmdstat_evalsha", {})
-        total_us += int(stat.get("usec", 0))
-        calls += int(stat.get("calls", 0))
-    return total_us / max(1, calls)
+    stat = r.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stat.get("usec", 0)) / max(1, int(stat.get("calls", 0)))
 
 
 def run(url: str, n: int, rounds: int) -> dict[str, Any]:
@@ -101,15 +81,10 @@ def run(url: str, n: int, rounds: int) -> dict[str, Any]:
     finally:
         r.flushdb()
         r.close()
-    med = {c: median(v) for c, v in per.items()}
-    counted = median(
-        [a / b for a, b in zip(per["both"], per["both, windows counted"], strict=True)]
-    )
     return {
         "n": n,
         "rounds": rounds,
-        "server_us_per_report": med,
-        "kept_over_counted": counted,
+        "server_us_per_report": {c: median(v) for c, v in per.items()},
         "redis": info,
     }
 

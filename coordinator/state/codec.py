@@ -1,10 +1,13 @@
-"""JSON encoding of experience profiles, for Redis values and snapshots."""
+"""Encoding of experience profiles: MessagePack for the epochs' delta values (written on
+every member's report, by the Lua fold in coordinator/state/profile_fold.lua and by the
+Python writers), JSON for snapshots. The decoders take either, by the first byte: a
+JSON object opens with ``{``, which no MessagePack map does."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import fields
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 
@@ -32,9 +35,14 @@ def encode(profile: CandidateProfile | LinkProfile) -> str:
     return json.dumps(data, separators=(",", ":"))
 
 
+def encode_delta(profile: CandidateProfile | LinkProfile) -> bytes:
+    """A delta value (keys.delta_candidate, keys.delta_link): a MessagePack map of the
+    fields, each float an 8-byte double, as the Lua fold reads and writes it."""
+    return msgspec.msgpack.encode(profile)
+
+
 def _moments(raw: dict[str, Any], names: tuple[str, ...], kind: type) -> dict[str, Any]:
-    # Only the profile's own fields: the Lua fold writes beside each window its length
-    # ("recent_latency_s_n", coordinator/state/profile_fold.lua), which msgspec ignores.
+    # Only the profile's own fields (an unknown key is ignored, as msgspec ignores it).
     known = {f.name for f in fields(kind)}
     out = {k: v for k, v in raw.items() if k in known}
     for name in names:
@@ -49,9 +57,20 @@ def _moments(raw: dict[str, Any], names: tuple[str, ...], kind: type) -> dict[st
 # json.dumps writes for non-finite floats) takes the json path.
 _CANDIDATE = msgspec.json.Decoder(CandidateProfile)
 _LINK = msgspec.json.Decoder(LinkProfile)
+# MessagePack: the Lua fold writes an integral double as an integer; a float field takes
+# it back as the same double.
+_CANDIDATE_MP = msgspec.msgpack.Decoder(CandidateProfile)
+_LINK_MP = msgspec.msgpack.Decoder(LinkProfile)
+_JSON_OPEN = ord("{")
+
+
+def _packed(value: str | bytes) -> TypeGuard[bytes]:
+    return isinstance(value, bytes) and bool(value) and value[0] != _JSON_OPEN
 
 
 def decode_candidate(text: str | bytes) -> CandidateProfile:
+    if _packed(text):
+        return _CANDIDATE_MP.decode(text)
     try:
         return _CANDIDATE.decode(text)
     except msgspec.DecodeError:
@@ -61,6 +80,8 @@ def decode_candidate(text: str | bytes) -> CandidateProfile:
 
 
 def decode_link(text: str | bytes) -> LinkProfile:
+    if _packed(text):
+        return _LINK_MP.decode(text)
     try:
         return _LINK.decode(text)
     except msgspec.DecodeError:

@@ -40,7 +40,7 @@ from coordinator.core.cofailure import CoFailure
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import CandidateProfile, LinkProfile, merge_candidate, merge_link
 from coordinator.state import keys
-from coordinator.state.codec import decode_candidate, decode_link, encode, text
+from coordinator.state.codec import decode_candidate, decode_link, encode, encode_delta, text
 from coordinator.state.lua import lua
 
 _MS = 1000
@@ -98,7 +98,7 @@ def write_delta(r: redis.Redis, w: DeltaWrite, ttl_s: float) -> None:
     def txn(pipe: Any) -> None:
         raw = pipe.get(keys.PROFILE_EPOCH)
         epoch = int(raw) if raw else 0
-        writes: list[tuple[str, str]] = []
+        writes: list[tuple[str, bytes]] = []
         bumps: list[str] = []
         if w.candidate is not None:
             cid, fold = w.candidate
@@ -107,7 +107,7 @@ def write_delta(r: redis.Redis, w: DeltaWrite, ttl_s: float) -> None:
             pipe.watch(name)
             cur = pipe.get(name)
             prof = decode_candidate(cur) if cur else CandidateProfile(cid)
-            writes.append((name, encode(fold(prof))))
+            writes.append((name, encode_delta(fold(prof))))
         if w.link is not None:
             lid, src, dst, fold_link = w.link
             bumps.append(f"l:{lid}")
@@ -115,7 +115,7 @@ def write_delta(r: redis.Redis, w: DeltaWrite, ttl_s: float) -> None:
             pipe.watch(name)
             cur = pipe.get(name)
             link = decode_link(cur) if cur else LinkProfile(src, dst)
-            writes.append((name, encode(fold_link(link))))
+            writes.append((name, encode_delta(fold_link(link))))
         pipe.multi()
         for name, value in writes:
             pipe.set(name, value, px=px)

@@ -150,15 +150,17 @@ DELTA_PREFIX = f"{PREFIX}:prof:d"
 
 
 def delta_candidate(epoch: int, candidate_id: str) -> str:
-    """String (JSON CandidateProfile): the candidate's observations of one epoch only, folded
-    from an empty profile (prior Beta(1, 1)). Deleted by the recompute whose snapshot
-    covers the epoch. TTL: profile_ttl_s, refreshed on write."""
+    """String (a MessagePack map of a CandidateProfile, codec.encode_delta; a JSON one from
+    an older version is read too): the candidate's observations of one epoch only, folded
+    from an empty profile (prior Beta(1, 1)). Written by the report script and the WATCH
+    writers; deleted by the recompute whose snapshot covers the epoch.
+    TTL: profile_ttl_s, refreshed on write."""
     return f"{DELTA_PREFIX}:{epoch}:cand:{candidate_id}"
 
 
 def delta_link(epoch: int, link_id: str) -> str:
-    """String (JSON LinkProfile): a link's observations of one epoch only. As
-    :func:`delta_candidate`. TTL: profile_ttl_s, refreshed on write."""
+    """String (a MessagePack map of a LinkProfile): a link's observations of one epoch
+    only. As :func:`delta_candidate`. TTL: profile_ttl_s, refreshed on write."""
     return f"{DELTA_PREFIX}:{epoch}:link:{link_id}"
 
 
