@@ -296,16 +296,42 @@ def test_the_script_folds_onto_a_json_value_an_older_version_wrote(
     assert (redis_db.get(keys.delta_candidate(0, "c1")) or b"{")[:1] != b"{"
 
 
-def test_delta_values_round_trip_as_messagepack() -> None:
+@pytest.mark.parametrize("size", [0, 3, 10, 256, 9000])  # every str header's length
+def test_delta_values_round_trip_as_messagepack(size: int) -> None:
     from coordinator.core.profiles import Moments
     from coordinator.state.codec import encode_delta
 
+    window = tuple(0.1 * i + 1e-3 for i in range(size))
     odd = CandidateProfile(
-        "c", alpha=3.0, latency=Moments(2.0, math.inf, 2.0**60), recent_latency_s=(1.0, 0.1)
+        "c", alpha=3.0, latency=Moments(2.0, math.inf, 2.0**60), recent_latency_s=window
     )
     assert decode_candidate(encode_delta(odd)) == odd
-    link = LinkProfile("a", "b", transmissions=1e20, recent_bandwidth_Bps=(), last_seen_s=None)
+    link = LinkProfile("a", "b", transmissions=1e20, recent_bandwidth_Bps=window)
     assert decode_link(encode_delta(link)) == link
+
+
+def test_a_window_written_as_an_array_is_read_and_folded(redis_db: redis.Redis) -> None:
+    """A delta whose window is a MessagePack array of numbers (as the first packed values
+    were written) reads as the same profile, and the script folds onto it exactly."""
+    import msgspec
+
+    settings = ProfileSettings(latency_window=4, bandwidth_window=3)
+    runs = _random_runs(random.Random(3), 10)
+    cand, link = CandidateProfile("c1"), LinkProfile("a", "b")
+    for obs, legs in runs[:5]:
+        cand = update_candidate(cand, obs, settings)
+        link = update_link_many(link, legs, settings)
+    as_array = msgspec.msgpack.encode(cand)
+    assert decode_candidate(as_array) == cand
+    redis_db.set(keys.delta_candidate(0, "c1"), as_array)
+    redis_db.set(keys.delta_link(0, "a->b"), msgspec.msgpack.encode(link))
+    store = RedisStore(redis_db, settings)
+    for i, (obs, legs) in enumerate(runs[5:]):
+        store.report_member(outcome(f"g{i}", cand_obs=obs, legs=tuple(legs)), settings, LIMITS)
+        cand = update_candidate(cand, obs, settings)
+        link = update_link_many(link, legs, settings)
+    got_c, got_l = profiles(store)
+    assert _close(got_c, cand, True) and _close(got_l, link, True), (got_c, cand)
 
 
 def test_a_window_length_beside_a_non_finite_value_is_ignored_by_the_json_path() -> None:

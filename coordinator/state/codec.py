@@ -6,7 +6,8 @@ JSON object opens with ``{``, which no MessagePack map does."""
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+import struct
+from dataclasses import MISSING, fields
 from typing import Any, TypeGuard
 
 import msgspec
@@ -37,8 +38,71 @@ def encode(profile: CandidateProfile | LinkProfile) -> str:
 
 def encode_delta(profile: CandidateProfile | LinkProfile) -> bytes:
     """A delta value (keys.delta_candidate, keys.delta_link): a MessagePack map of the
-    fields, each float an 8-byte double, as the Lua fold reads and writes it."""
-    return msgspec.msgpack.encode(profile)
+    fields as the Lua fold reads and writes it, each float an 8-byte double and the
+    recent-value window one string of little-endian doubles (oldest first)."""
+    wire, at = _WIRE[type(profile)]
+    values = [getattr(profile, f.name) for f in fields(profile)]
+    window = values[at]
+    values[at] = msgspec.Raw(
+        _str_header(8 * len(window)) + struct.pack(f"<{len(window)}d", *window)
+    )
+    return msgspec.msgpack.encode(wire(*values))
+
+
+def _str_header(size: int) -> bytes:
+    """MessagePack's str header (the type Lua's cmsgpack gives any string)."""
+    if size < 32:
+        return bytes((0xA0 | size,))
+    if size < 1 << 8:
+        return bytes((0xD9, size))
+    if size < 1 << 16:
+        return b"\xda" + size.to_bytes(2, "big")
+    return b"\xdb" + size.to_bytes(4, "big")
+
+
+# The window's bytes inside its str (or bin) header: (header length, size length).
+_STR_HEADERS = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4}
+
+
+def _window(raw: msgspec.Raw) -> tuple[float, ...]:
+    """A window field as written: packed doubles in a str (or bin); a MessagePack array
+    of numbers (a value written before the window was packed) is read too."""
+    buf = memoryview(raw)
+    if not buf:
+        return ()
+    head = buf[0]
+    if 0xA0 <= head <= 0xBF:
+        data = buf[1:]
+    elif head in _STR_HEADERS:
+        n = _STR_HEADERS[head]
+        data = buf[1 + n :]
+    else:
+        return msgspec.msgpack.decode(buf, type=tuple[float, ...])
+    return struct.unpack(f"<{len(data) // 8}d", data)
+
+
+def _wire(kind: type, window: str) -> tuple[type, int]:
+    """``kind``'s fields as a msgspec Struct, its window left raw: (the Struct, the
+    window's position)."""
+    spec = []
+    at = -1
+    for i, f in enumerate(fields(kind)):
+        default = f.default
+        if f.name == window:
+            at, typ, default = i, msgspec.Raw, msgspec.Raw(b"\xa0")
+        else:
+            typ = f.type if not isinstance(f.type, str) else _TYPES[f.type]
+        spec.append((f.name, typ, default) if default is not MISSING else (f.name, typ))
+    return msgspec.defstruct(f"{kind.__name__}Wire", spec, frozen=True), at
+
+
+_TYPES: dict[str, Any] = {
+    "str": str, "float": float, "int": int, "Moments": Moments, "float | None": float | None,
+}  # fmt: skip
+_WIRE: dict[type, tuple[type, int]] = {
+    CandidateProfile: _wire(CandidateProfile, "recent_latency_s"),
+    LinkProfile: _wire(LinkProfile, "recent_bandwidth_Bps"),
+}
 
 
 def _moments(raw: dict[str, Any], names: tuple[str, ...], kind: type) -> dict[str, Any]:
@@ -59,9 +123,16 @@ _CANDIDATE = msgspec.json.Decoder(CandidateProfile)
 _LINK = msgspec.json.Decoder(LinkProfile)
 # MessagePack: the Lua fold writes an integral double as an integer; a float field takes
 # it back as the same double.
-_CANDIDATE_MP = msgspec.msgpack.Decoder(CandidateProfile)
-_LINK_MP = msgspec.msgpack.Decoder(LinkProfile)
+_CANDIDATE_MP: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(_WIRE[CandidateProfile][0])
+_LINK_MP: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(_WIRE[LinkProfile][0])
 _JSON_OPEN = ord("{")
+
+
+def _unwired(kind: type, wire: Any) -> Any:
+    values = list(msgspec.structs.astuple(wire))
+    at = _WIRE[kind][1]
+    values[at] = _window(values[at])
+    return kind(*values)
 
 
 def _packed(value: str | bytes) -> TypeGuard[bytes]:
@@ -70,7 +141,7 @@ def _packed(value: str | bytes) -> TypeGuard[bytes]:
 
 def decode_candidate(text: str | bytes) -> CandidateProfile:
     if _packed(text):
-        return _CANDIDATE_MP.decode(text)
+        return _unwired(CandidateProfile, _CANDIDATE_MP.decode(text))  # type: ignore[no-any-return]
     try:
         return _CANDIDATE.decode(text)
     except msgspec.DecodeError:
@@ -81,7 +152,7 @@ def decode_candidate(text: str | bytes) -> CandidateProfile:
 
 def decode_link(text: str | bytes) -> LinkProfile:
     if _packed(text):
-        return _LINK_MP.decode(text)
+        return _unwired(LinkProfile, _LINK_MP.decode(text))  # type: ignore[no-any-return]
     try:
         return _LINK.decode(text)
     except msgspec.DecodeError:

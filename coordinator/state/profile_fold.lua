@@ -6,10 +6,12 @@
 -- A delta value is a MessagePack map of the profile's fields (coordinator/state/codec.py
 -- encode_delta): numbers travel as 8-byte doubles (an integral one as an integer, which
 -- the decoder reads back as the same double), so a fold neither prints nor parses a
--- decimal number, and a window is a table whose length is known. Printing each number
--- with 17 digits, and counting the window's numbers in text, were most of a fold's
--- time when the value was JSON. A JSON value (written before, by an older version)
--- is still read; the fold writes it back as MessagePack.
+-- decimal number; a recent-value window is one string of little-endian doubles, oldest
+-- first, so a fold appends 8 bytes and cuts the oldest off without touching the rest.
+-- Printing each number with 17 digits and counting a window's numbers in text were most
+-- of a fold's time when the value was JSON; a window as a MessagePack array still cost
+-- a table of 256 numbers unpacked and packed again per fold. A JSON value (written by
+-- an older version) and an array window are still read; the fold writes them back packed.
 local NULL = cjson.null
 
 local function value(x)  -- JSON's null, or no value at all: nil
@@ -30,16 +32,21 @@ local function zero() return {n = 0.0, s1 = 0.0, s2 = 0.0} end
 local function scaled(m, w) return {n = m.n * w, s1 = m.s1 * w, s2 = m.s2 * w} end
 local function add(m, x, w) return {n = m.n * w + 1.0, s1 = m.s1 * w + x, s2 = m.s2 * w + x * x} end
 
--- Append ``x`` to the window ``t`` (oldest first) and keep its newest ``size`` values.
-local function push(t, x, size)
-  local n = #t + 1
-  t[n] = x
-  local extra = n - size
-  if extra > 0 then
-    for i = 1, n - extra do t[i] = t[i + extra] end
-    for i = n - extra + 1, n do t[i] = nil end
-  end
-  return t
+-- A window as read: packed doubles already, or a table of numbers (JSON, or an array).
+local function packed(w)
+  if w == nil then return '' end
+  if type(w) == 'string' then return w end
+  local parts = {}
+  for i = 1, #w do parts[i] = struct.pack('<d', w[i]) end
+  return table.concat(parts)
+end
+
+-- Append ``x`` to the window ``w`` (oldest first) and keep its newest ``size`` values.
+local function push(w, x, size)
+  w = w .. struct.pack('<d', x)
+  local keep = size * 8
+  if #w > keep then w = string.sub(w, #w - keep + 1) end
+  return w
 end
 
 -- ARGV layout of the settings: decay ('none' | 'observations' | 'seconds'), half-life,
@@ -77,7 +84,7 @@ local function fold_candidate(raw, cid, o, cfg)
     quality = add(p.quality, q, w)
   end
   local latency = scaled(p.latency, w)
-  local recent = p.recent_latency_s or {}
+  local recent = packed(p.recent_latency_s)
   local proc = value(o.proc_latency_s)
   if ok and proc ~= nil then
     latency = add(p.latency, proc, w)
@@ -122,10 +129,10 @@ local function fold_link(raw, src, dst, legs, cfg)
   local p
   if raw then
     p = decode(raw)
-    p.recent_bandwidth_Bps = p.recent_bandwidth_Bps or {}
+    p.recent_bandwidth_Bps = packed(p.recent_bandwidth_Bps)
   else
     p = {src = src, dst = dst, transmissions = 0.0, losses = 0.0, bandwidth = zero(),
-         rtt = zero(), recent_bandwidth_Bps = {}, observations = 0}
+         rtt = zero(), recent_bandwidth_Bps = '', observations = 0}
   end
   for i = 1, #legs do p = fold_leg(p, legs[i], cfg) end
   return cmsgpack.pack({
