@@ -13,23 +13,17 @@ within each round, side by side.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import redis
 from rich.table import Table
 
 from bench.console import show
-from bench.rtlib import machine, server_info
+from bench.rtlib import run_on_redis, server_info
 from coordinator.core.percentiles import median
-from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.state.lean import LeanRedis
 
 SCRIPT = "return #KEYS + #ARGV"
@@ -82,26 +76,7 @@ def run(url: str, n: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=5000, help="calls per round and path")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path, help="also write the JSON here")
-    argv = sys.argv[1:]
-    args = parser.parse_args(argv)
-    if args.n < 1 or args.rounds < 1:
-        parser.error(f"--n and --rounds must be >= 1, got {args.n} and {args.rounds}")
-    given, before = os.environ.get("HACO_REDIS_URL"), machine()
-    with tempfile.TemporaryDirectory(prefix="haco-leancall-") as tmp:
-        embedded = None if given else EmbeddedRedis(Path(tmp) / "state")
-        try:
-            url = embedded.start() if embedded is not None else str(given)
-            res = run(url, args.n, args.rounds)
-        finally:
-            if embedded is not None:
-                embedded.stop()
-    res["command"] = " ".join(["python -m bench.leancall", *argv])
-    res["machine"] = {**before, "loadavg_after": list(os.getloadavg())}
-    res["redis"]["source"] = "HACO_REDIS_URL" if given else "embedded"
+    res, args = run_on_redis("bench.leancall", __doc__ or "", (5000, 5), run)
     t = Table(title=f"CPU per call, µs (median of {args.rounds} rounds × {args.n} calls)")
     for c in ("call", "redis-py", "lean", "lean / redis-py"):
         t.add_column(c, justify="left" if c == "call" else "right")

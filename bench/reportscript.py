@@ -18,24 +18,18 @@ candidate. The cases, interleaved round by round:
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import redis
 from rich.table import Table
 
 from bench.console import show
-from bench.rtlib import machine, server_info
+from bench.rtlib import run_on_redis, server_info
 from coordinator.core.params import ProfileSettings
 from coordinator.core.percentiles import median
 from coordinator.core.profiles import CandidateObservation, LinkObservation
-from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.state.memberops import MemberOutcome, OutcomeLimits
 from coordinator.state.store import RedisStore
 
@@ -90,26 +84,7 @@ def run(url: str, n: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=2000, help="reports per case and round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, help="also write the JSON here")
-    argv = sys.argv[1:]
-    args = parser.parse_args(argv)
-    if args.n < 1 or args.rounds < 1:
-        parser.error(f"--n and --rounds must be >= 1, got {args.n} and {args.rounds}")
-    given, before = os.environ.get("HACO_REDIS_URL"), machine()
-    with tempfile.TemporaryDirectory(prefix="haco-reportscript-") as tmp:
-        embedded = None if given else EmbeddedRedis(Path(tmp) / "state")
-        try:
-            url = embedded.start() if embedded is not None else str(given)
-            res = run(url, args.n, args.rounds)
-        finally:
-            if embedded is not None:
-                embedded.stop()
-    res["command"] = " ".join(["python -m bench.reportscript", *argv])
-    res["machine"] = {**before, "loadavg_after": list(os.getloadavg())}
-    res["redis"]["source"] = "HACO_REDIS_URL" if given else "embedded"
+    res, args = run_on_redis("bench.reportscript", __doc__ or "", (2000, 3), run)
     t = Table(title=f"Redis µs per member report (median of {args.rounds} × {args.n})")
     t.add_column("report")
     t.add_column("server µs", justify="right")

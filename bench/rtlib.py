@@ -7,16 +7,18 @@ are replaced by subclasses that call the originals and note the time.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -98,6 +100,39 @@ def machine() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def run_on_redis(
+    module: str,
+    doc: str,
+    defaults: tuple[int, int],
+    run: Callable[[str, int, int], Any],
+) -> tuple[dict[str, Any], argparse.Namespace]:
+    """A one-process Redis bench's command line (``--n``, ``--rounds``, ``--json``) and
+    its server (HACO_REDIS_URL, else an embedded one in a temporary directory, stopped
+    after): ``run(url, n, rounds)``'s JSON stamped with the command, the machine and
+    where Redis came from, and the parsed arguments. ``defaults``: --n and --rounds."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--n", type=int, default=defaults[0], help="calls per round and case")
+    parser.add_argument("--rounds", type=int, default=defaults[1])
+    parser.add_argument("--json", type=Path, help="also write the JSON here")
+    argv = sys.argv[1:]
+    args = parser.parse_args(argv)
+    if args.n < 1 or args.rounds < 1:
+        parser.error(f"--n and --rounds must be >= 1, got {args.n} and {args.rounds}")
+    given, before = os.environ.get("HACO_REDIS_URL"), machine()
+    with tempfile.TemporaryDirectory(prefix="haco-bench-") as tmp:
+        embedded = None if given else EmbeddedRedis(Path(tmp) / "state")
+        try:
+            url = embedded.start() if embedded is not None else str(given)
+            res = dict(run(url, args.n, args.rounds))
+        finally:
+            if embedded is not None:
+                embedded.stop()
+    res["command"] = " ".join([f"python -m {module}", *argv])
+    res["machine"] = {**before, "loadavg_after": list(os.getloadavg())}
+    res["redis"]["source"] = "HACO_REDIS_URL" if given else "embedded"
+    return res, args
 
 
 # ---------------------------------------------------------------- services
