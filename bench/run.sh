@@ -24,6 +24,7 @@ hotpath() {
   "$py" -m bench.ingest --harvesters 2 > out/bench/ingest2.json
   env -u HACO_REDIS_URL "$py" -m bench.leancall > out/bench/leancall.json
   env -u HACO_REDIS_URL "$py" -m bench.reportscript > out/bench/reportscript.json
+  env -u HACO_REDIS_URL "$py" -m bench.redistime > out/bench/redistime.json
   "$py" -m bench.hotpath_report --runtime out/bench/runtime.json \
     --growth out/bench/growth.json --ingest out/bench/ingest.json \
     --ingest2 out/bench/ingest2.json --leancall out/bench/leancall.json \
