@@ -1,15 +1,17 @@
 """Ingest benchmark: traces/s through stream -> harvester -> Postgres, side by side with a
 raw COPY of the same rows into the same table, in the same run.
 
-    python -m bench.ingest [--n 200000] [--batch 5000] [--harvesters 1 2]
+    python -m bench.ingest [--n 200000] [--batch 5000] [--harvesters 1 2] [--gc-every 10 0]
 
 Creates a throwaway database in the Postgres at --pg-url (dropped at the end), applies
 the migrations, and uses Redis database --redis-url (its HACO keys are deleted first and
 last). Phases: (1) raw COPY of the N member rows straight into ``members``, the floor;
-then for each count of harvester processes in --harvesters: (2) the N reports XADDed to
-the trace stream (pipelined), (3) that many harvesters (``Harvester.run``, as deployed)
-drain the stream into the emptied tables, timed until the stream is empty and nothing
-is pending; lag is sampled after every batch. A rich table goes to stderr, JSON to
+then for each count of harvester processes in --harvesters, and each garbage collection
+period in --gc-every (``harvest_gc_every_s``; its default alone unless given; 0 is
+Python's automatic collector): (2) the N reports XADDed to the trace stream
+(pipelined), (3) that many harvesters (``Harvester.run``, as deployed) drain the stream
+into the emptied tables, timed until the stream is empty and nothing is pending; lag is
+sampled after every batch, and each harvester's CPU time is counted. A rich table goes to stderr, JSON to
 stdout: the first run's figures at the top level (as before), every run in ``runs``,
 ``goal`` (traces/s) and ``met`` (the goal reached, every row stored).
 """
@@ -38,6 +40,7 @@ from coordinator.config import HacoSettings
 from coordinator.state import keys
 from coordinator.state.codec import text
 from coordinator.tracestore.harvester import Harvester
+from coordinator.tracestore.harvestgc import collected_on_timer
 from coordinator.tracestore.harvestlag import Lag
 from schemas.models import MemberReport, MemberTrace
 
@@ -146,10 +149,16 @@ class _Sampled(Harvester):
         return lag
 
 
-def drain(redis_url: str, pg_url: str, batch: int, name: str, done: Any, out: Any) -> None:
-    """One harvester process, as deployed (``Harvester.run``), until ``done`` is set; puts
-    its batch count and lag maxima on ``out``."""
-    settings = HacoSettings(harvest_batch=batch, harvest_block_ms=100)
+def drain(
+    redis_url: str, pg_url: str, batch: int, gc_every_s: float, name: str, done: Any, out: Any
+) -> None:
+    """One harvester process, as deployed (``Harvester.run`` in ``collected_on_timer``,
+    as ``haco harvester`` runs it), until ``done`` is set; puts its batch count, lag
+    maxima and CPU seconds on ``out``."""
+    settings = HacoSettings(
+        harvest_batch=batch, harvest_block_ms=100, harvest_gc_every_s=gc_every_s
+    )
+    cpu0 = time.process_time()
     r = redis.Redis.from_url(redis_url)
     pool = ConnectionPool(pg_url, min_size=1, max_size=settings.harvest_inflight, open=False)
     pool.open(wait=True)
@@ -162,11 +171,13 @@ def drain(redis_url: str, pg_url: str, batch: int, name: str, done: Any, out: An
 
     threading.Thread(target=relay, daemon=True).start()
     try:
-        h.run(stop)
+        with collected_on_timer(settings.harvest_gc_every_s, settings.harvest_gc_max_young):
+            h.run(stop)
     finally:
         pool.close()
         r.close()
-    out.put((h.batches, h.max_pending_age, h.max_len, h.max_entry_age))
+    cpu_s = time.process_time() - cpu0
+    out.put((h.batches, h.max_pending_age, h.max_len, h.max_entry_age, cpu_s))
 
 
 def _drained(r: redis.Redis, group: str) -> bool:
@@ -181,7 +192,9 @@ def _drained(r: redis.Redis, group: str) -> bool:
     return int(length) == 0 and int(pending["pending"]) == 0
 
 
-def harvest(args: argparse.Namespace, url: str, payloads: list[str], harvesters: int) -> Run:
+def harvest(
+    args: argparse.Namespace, url: str, payloads: list[str], harvesters: int, gc_every_s: float
+) -> Run:
     """Push the reports, time ``harvesters`` processes draining them into emptied tables
     (until the stream is empty and nothing is pending, polled from here)."""
     settings = HacoSettings()
@@ -198,7 +211,8 @@ def harvest(args: argparse.Namespace, url: str, payloads: list[str], harvesters:
         out, done = ctx.Queue(), ctx.Event()
         procs = [
             ctx.Process(
-                target=drain, args=(args.redis_url, url, args.batch, f"bench-{k}", done, out)
+                target=drain,
+                args=(args.redis_url, url, args.batch, gc_every_s, f"bench-{k}", done, out),
             )
             for k in range(harvesters)
         ]
@@ -216,22 +230,25 @@ def harvest(args: argparse.Namespace, url: str, payloads: list[str], harvesters:
     finally:
         r.delete(keys.TRACES, keys.TRACES_DEAD, keys.METRICS)
         r.close()
-    return Run(harvesters, push_s, harvest_s, count(url, "members"), stats, metrics)
+    stored = count(url, "members")
+    return Run(harvesters, gc_every_s, push_s, harvest_s, stored, stats, metrics)
 
 
 @dataclass(frozen=True)
 class Run:
     harvesters: int
+    gc_every_s: float
     push_s: float
     harvest_s: float
     stored: int
-    stats: list[tuple[int, float, int, float]]
+    stats: list[tuple[int, float, int, float, float]]
     metrics: dict[str, int]
 
     def summary(self, n: int, raw_s: float) -> dict[str, Any]:
         per_s = n / self.harvest_s
         return {
             "harvesters": self.harvesters,
+            "gc_every_s": self.gc_every_s,
             "stream_push": {"seconds": self.push_s, "entries_per_s": n / self.push_s},
             "harvest": {
                 "seconds": self.harvest_s,
@@ -241,6 +258,8 @@ class Run:
                 "max_oldest_pending_age_s": max(s[1] for s in self.stats),
                 "max_stream_len": max(s[2] for s in self.stats),
                 "max_oldest_entry_age_s": max(s[3] for s in self.stats),
+                # every harvester process's CPU (user + system), per trace stored
+                "cpu_us_per_trace": sum(s[4] for s in self.stats) / n * 1e6,
             },
             "harvest_vs_raw_copy": per_s / (n / raw_s),
             "met": per_s >= GOAL_TRACES_PER_S and self.stored == n,
@@ -253,9 +272,21 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=5_000)
     ap.add_argument("--harvesters", type=int, nargs="+", default=[1, 2])
+    ap.add_argument(
+        "--gc-every",
+        type=float,
+        nargs="+",
+        default=[HacoSettings().harvest_gc_every_s],
+        help="harvest_gc_every_s of the harvesters (0: Python's automatic collector); "
+        "each value runs every --harvesters count, side by side",
+    )
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/11")
     ap.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/test")
     args = ap.parse_args()
+    if any(g < 0 for g in args.gc_every) or any(h < 1 for h in args.harvesters):
+        ap.error(
+            f"--gc-every must be >= 0 and --harvesters >= 1, got {args.gc_every}, {args.harvesters}"
+        )
     err = Console(stderr=True)
     with scratch_database(args.pg_url, "haco_ingest") as url:
         t0 = time.time() - 3600
@@ -264,7 +295,11 @@ def main() -> None:
         rows = [member_row(rep.trace, f"0-{i}") for i, rep in enumerate(reports)]
         err.print(f"{args.n} synthetic reports, {sum(map(len, payloads)) / args.n:.0f} B each")
         raw_s = raw_copy(url, rows)
-        runs = [harvest(args, url, payloads, k).summary(args.n, raw_s) for k in args.harvesters]
+        runs = [
+            harvest(args, url, payloads, k, g).summary(args.n, raw_s)
+            for k in args.harvesters
+            for g in args.gc_every
+        ]
     result = {
         "n": args.n,
         "batch": args.batch,
@@ -275,16 +310,19 @@ def main() -> None:
         "runs": runs,
     }
     table = Table(title=f"ingest of {args.n} traces (goal {GOAL_TRACES_PER_S:,} traces/s)")
-    for col in ("path", "seconds", "per second", "vs raw COPY", "stored"):
+    for col in ("path", "seconds", "per second", "vs raw COPY", "CPU µs/trace", "stored"):
         table.add_column(col, justify="left" if col == "path" else "right")
-    table.add_row("raw COPY into members", f"{raw_s:.2f}", f"{args.n / raw_s:,.0f} rows", "1.00")
+    table.add_row(
+        "raw COPY into members", f"{raw_s:.2f}", f"{args.n / raw_s:,.0f} rows", "1.00", ""
+    )
     for run in runs:
         h = run["harvest"]
         table.add_row(
-            f"harvest, {run['harvesters']} process(es)",
+            f"harvest, {run['harvesters']} process(es), gc every {run['gc_every_s']:g} s",
             f"{h['seconds']:.2f}",
             f"{h['traces_per_s']:,.0f} traces" + (" (met)" if run["met"] else ""),
             f"{run['harvest_vs_raw_copy']:.2f}",
+            f"{h['cpu_us_per_trace']:.1f}",
             f"{h['rows_stored']}/{args.n}",
         )
     err.print(table)

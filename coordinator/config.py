@@ -188,6 +188,12 @@ class HacoSettings(BaseSettings):
     # dead-letter stream, capped and expiring like this.
     harvest_dead_letter_maxlen: Annotated[int, Field(ge=1)] = 100_000
     harvest_dead_letter_ttl_s: Seconds = 30 * 86_400.0
+    # The harvester process collects its garbage on a timer instead of with Python's
+    # automatic collector (coordinator/tracestore/harvestgc.py): every this many seconds,
+    # or sooner once this many more container objects are alive than at the last
+    # collection. 0: Python's automatic collector.
+    harvest_gc_every_s: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 10.0
+    harvest_gc_max_young: Annotated[int, Field(ge=1000)] = 1_000_000
 
     # Profile recomputation (coordinator/tracestore/recompute.py, Celery beat task haco.recompute on
     # queue haco.maintenance): every recompute_interval_s, the profiles are rebuilt from the

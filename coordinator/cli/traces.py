@@ -80,6 +80,7 @@ def harvester_cmd(
 
     from coordinator.services import embedded_pg
     from coordinator.tracestore.harvester import Harvester
+    from coordinator.tracestore.harvestgc import collected_on_timer
 
     settings = HacoSettings()
     url = embedded_pg.trace_store_url(settings)
@@ -101,7 +102,9 @@ def harvester_cmd(
     try:
         with pool:  # opens without waiting: Postgres may come up later
             err.print(f"harvester {name}: group {settings.harvest_group}, Ctrl-C to stop")
-            Harvester(client, pool, settings, name).run(stop)
+            gc_every = settings.harvest_gc_every_s, settings.harvest_gc_max_young
+            with collected_on_timer(*gc_every):
+                Harvester(client, pool, settings, name).run(stop)
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
