@@ -59,7 +59,9 @@ def test_recent_members_latency_wins_and_failures(live: Fleet) -> None:
     assert rows["local"]["latency_p95_s"] >= rows["local"]["latency_p50_s"]
     shares = [r["win_share"] for r in rows.values() if r["win_share"] is not None]
     assert shares and abs(sum(shares) - 1.0) < 1e-9
-    assert rows["regional"]["wins"] >= 1  # the writer role never runs in local
+    # The writer role never runs in local: each of its wins is regional's or global's
+    # (both answer; which one the policy ranks first depends on what it has seen).
+    assert rows["regional"]["wins"] + rows["global"]["wins"] >= 1
     failure = rows["global"]["last_failure"]  # c-global answers 500
     assert failure is not None and failure["candidate"] == "c-global"
     assert rows["global"]["failures"] >= 1 and "c-global" in table
