@@ -11,9 +11,9 @@ period in --gc-every (``harvest_gc_every_s``; its default alone unless given; 0 
 Python's automatic collector): (2) the N reports XADDed to the trace stream
 (pipelined), (3) that many harvesters (``Harvester.run``, as deployed) drain the stream
 into the emptied tables, timed until the stream is empty and nothing is pending; lag is
-sampled after every batch, and each harvester's CPU time is counted. A rich table goes to stderr, JSON to
-stdout: the first run's figures at the top level (as before), every run in ``runs``,
-``goal`` (traces/s) and ``met`` (the goal reached, every row stored).
+sampled after every batch, and each harvester's CPU time is counted. A rich table goes
+to stderr, JSON to stdout: the first run's figures at the top level (as before), every
+run in ``runs``, ``goal`` (traces/s) and ``met`` (the goal reached, every row stored).
 """
 
 from __future__ import annotations
