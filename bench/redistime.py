@@ -32,14 +32,14 @@ from typing import Any, cast
 import redis
 from rich.table import Table
 
-from bench.bare_celery import create_bare_app, send_echo
 from bench.console import show
-from bench.rtbench import CALL_DEADLINE_S, _drain, load_phase, wait_ready
-from bench.rtlib import Services, count_stream, machine, server_info, timed_client
+from bench.rtbench import _drain, load_calls, load_phase, tasks_done
+from bench.rtlib import Services, machine, server_info
 from coordinator.core.percentiles import median
-from coordinator.state import kombu_redis
-from coordinator.state.budget import _script as budget_script
+from coordinator.state.budget import earn_script, spend_script
+from coordinator.state.kombu_redis import ACK_SCRIPT, APPEND_SCRIPT
 from coordinator.state.lua import lua
+from coordinator.state.memberops import report_script
 
 SLOWLOG_MAX = 2_000_000  # entries kept; a phase of 5 s logs well under 100k
 LUA = Path(__file__).resolve().parents[1] / "coordinator" / "state"
@@ -47,12 +47,14 @@ LUA = Path(__file__).resolve().parents[1] / "coordinator" / "state"
 
 def script_names() -> dict[str, str]:
     """SHA1 of each script this tree runs, as the server names it, to a label."""
-    texts = {f.stem: lua(f.stem) for f in LUA.glob("*.lua")}
-    texts["member_report"] = lua("profile_fold") + lua("member_report")  # memberops.py
-    for body in ("budget_earn", "budget_spend"):
-        texts[body] = budget_script(body, "return ok\n" if body == "budget_spend" else "")
-    texts["kombu QoS append"] = kombu_redis._APPEND
-    texts["kombu QoS ack"] = kombu_redis._ACK
+    texts = {f.stem: lua(f.stem) for f in LUA.glob("*.lua")}  # those sent as they are
+    texts |= {
+        "member_report": report_script(),
+        "budget_earn": earn_script(),
+        "budget_spend": spend_script(),
+        "kombu QoS append": APPEND_SCRIPT,
+        "kombu QoS ack": ACK_SCRIPT,
+    }
     return {
         hashlib.sha1(t.encode(), usedforsecurity=False).hexdigest(): k for k, t in texts.items()
     }
@@ -164,31 +166,14 @@ def by_name(entries: list[Any], names: dict[str, str], tasks: float) -> dict[str
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     svc = Services(tmp, args.concurrency)
     names = script_names()
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"redis": server_info(svc.app_redis)}
     try:
-        svc.start_haco()
-        svc.start_bare()
-        client, _ = timed_client(svc.url)
-        bare = create_bare_app(svc.url, args.concurrency)
-        r = svc.app_redis
-
-        def bare_call(i: int) -> None:
-            send_echo(bare, f"bench:bare:{i}", "x")
-            if r.brpop([f"bench:bare:{i}"], timeout=CALL_DEADLINE_S) is None:
-                raise RuntimeError("bare reply lost")
-
-        def haco1(i: int) -> None:
-            client.invoke("one", "x", deadline_s=CALL_DEADLINE_S)
-
-        try:
-            wait_ready(client, "one", svc)
-            bare_call(0)
-            out["redis"] = server_info(r)
-            for name, call in (("bare", bare_call), ("haco-1", haco1)):
-                res, entries = measured_phase(r, call, args.clients, args.duration, svc)
-                n = res["calls_per_s"] * args.duration
-                if name != "bare":
-                    n = count_stream(r, res["lo"], res["hi"])
+        with load_calls(svc) as calls:
+            for name in ("bare", "haco-1"):
+                res, entries = measured_phase(
+                    svc.app_redis, calls[name], args.clients, args.duration, svc
+                )
+                n = tasks_done(svc, name, res)
                 tasks = max(1.0, n)
                 rows = by_name(top_level(entries), names, tasks)
                 out[name] = {
@@ -200,9 +185,6 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     "redis_cpu_us_per_task": res["cpu_s"]["redis"] / tasks * 1e6,
                     "by_name": rows,
                 }
-        finally:
-            client.close()
-            bare.close()
     finally:
         svc.close()
     return out

@@ -6,11 +6,12 @@ timeout: nothing here can run unbounded.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -197,7 +198,11 @@ def load_phase(
 _load = load_phase  # the name bench/harvest_lag.py imports
 
 
-def throughput(svc: Services, clients: int, dur_s: float, rounds: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def load_calls(svc: Services) -> Iterator[dict[str, Callable[[int], None]]]:
+    """The throughput load's calls, for :func:`load_phase`: bare Celery's echo task and
+    HACO's one- and two-member calls, with both workers started and answering; the
+    clients closed after."""
     svc.start_haco()
     svc.start_bare()
     client, _ = timed_client(svc.url)
@@ -217,27 +222,35 @@ def throughput(svc: Services, clients: int, dur_s: float, rounds: int) -> dict[s
     def haco2(i: int) -> None:
         client.invoke("two", "x", **opts2)
 
-    phases: dict[str, Callable[[int], None]] = {"bare": bare_call, "haco-1": haco1, "haco-2": haco2}
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in phases}
     try:
         wait_ready(client, "one", svc)
         bare_call(0)  # readiness of the bare worker
-        for _ in range(rounds):
-            for name, call in phases.items():
-                res = load_phase(call, clients, 1.0, dur_s, svc.cpu)
-                res["tasks_per_s"] = (
-                    res["calls_per_s"]
-                    if name == "bare"
-                    else count_stream(svc.app_redis, res["lo"], res["hi"]) / dur_s
-                )
-                tasks = max(1.0, res["tasks_per_s"] * dur_s)
-                res["cpu_ms_per_task"] = {k: v / tasks * 1e3 for k, v in res.pop("cpu_s").items()}
-                runs[name].append(res)
-                _drain(svc)
+        yield {"bare": bare_call, "haco-1": haco1, "haco-2": haco2}
     finally:
         client.close()
         bare.close()
         r.close()
+
+
+def tasks_done(svc: Services, system: str, res: dict[str, Any]) -> float:
+    """Member tasks ``system`` completed in a load phase's window: bare Celery's calls,
+    HACO's members (the trace stream's entries)."""
+    if system == "bare":
+        return float(res["calls_per_s"]) * float(res["hi"] - res["lo"])
+    return float(count_stream(svc.app_redis, res["lo"], res["hi"]))
+
+
+def throughput(svc: Services, clients: int, dur_s: float, rounds: int) -> dict[str, Any]:
+    with load_calls(svc) as phases:
+        runs: dict[str, list[dict[str, Any]]] = {k: [] for k in phases}
+        for _ in range(rounds):
+            for name, call in phases.items():
+                res = load_phase(call, clients, 1.0, dur_s, svc.cpu)
+                res["tasks_per_s"] = tasks_done(svc, name, res) / dur_s
+                tasks = max(1.0, res["tasks_per_s"] * dur_s)
+                res["cpu_ms_per_task"] = {k: v / tasks * 1e3 for k, v in res.pop("cpu_s").items()}
+                runs[name].append(res)
+                _drain(svc)
     med = {k: median([x["tasks_per_s"] for x in v]) for k, v in runs.items()}
     cpu = {
         k: {p: median([x["cpu_ms_per_task"][p] for x in v]) for p in v[0]["cpu_ms_per_task"]}

@@ -11,8 +11,10 @@ import redis
 
 from bench import redistime
 from coordinator.state import kombu_redis
+from coordinator.state.budget import spend_script
 from coordinator.state.lean import LeanRedis
 from coordinator.state.lua import lua
+from coordinator.state.memberops import report_script
 
 LUA_DIR = Path(redistime.__file__).resolve().parents[1] / "coordinator" / "state"
 
@@ -27,12 +29,12 @@ def test_every_script_is_named() -> None:
         pieces = f.stem.startswith("budget_") or f.stem in ("profile_fold", "member_report")
         if not pieces:  # a piece runs only inside a script made of several
             assert names[_sha(lua(f.stem))] == f.stem
-    assert {"budget_earn", "budget_spend"} <= set(names.values())
-    assert names[_sha(lua("profile_fold") + lua("member_report"))] == "member_report"
-    assert names[_sha(kombu_redis._APPEND)] == "kombu QoS append"
+    assert names[_sha(report_script())] == "member_report"
+    assert names[_sha(spend_script())] == "budget_spend"
+    assert names[_sha(kombu_redis.APPEND_SCRIPT)] == "kombu QoS append"
     assert redistime._label([b"EVALSHA", b"f" * 40, b"0"], names) == "script ffffffff"
     assert redistime._label([b"LPUSH", b"q", b"x"], names) == "lpush"
-    text = kombu_redis._ACK.encode()
+    text = kombu_redis.ACK_SCRIPT.encode()
     assert redistime._label([b"EVAL", text, b"2"], names) == "script kombu QoS ack"
 
 
@@ -40,7 +42,7 @@ def test_a_scripts_calls_count_in_its_row_alone(redis_db: redis.Redis, redis_url
     names = redistime.script_names()
     other = redis.Redis.from_url(redis_url)  # another connection, between the scripts
     lean = LeanRedis(redis_db)
-    append = lean.script(kombu_redis._APPEND)
+    append = lean.script(kombu_redis.APPEND_SCRIPT)
     append(["rt:index", "rt:hash"], ["1.0", "tag", "x"])  # loaded: no NOSCRIPT below
     before = redis_db.config_get("slowlog-*")
     try:

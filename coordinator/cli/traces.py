@@ -102,8 +102,8 @@ def harvester_cmd(
     try:
         with pool:  # opens without waiting: Postgres may come up later
             err.print(f"harvester {name}: group {settings.harvest_group}, Ctrl-C to stop")
-            gc_every = settings.harvest_gc_every_s, settings.harvest_gc_max_young
-            with collected_on_timer(*gc_every):
+            gc_every_s, max_young = settings.harvest_gc_every_s, settings.harvest_gc_max_young
+            with collected_on_timer(gc_every_s, max_young):
                 Harvester(client, pool, settings, name).run(stop)
     finally:
         for s, h in handlers.items():

@@ -85,6 +85,16 @@ def _script(body: str, ret: str = "") -> str:
     return lua("budget_prelude") + lua(body) + lua("budget_save") + ret
 
 
+def earn_script() -> str:
+    """The text of the budget's earn script."""
+    return _script("budget_earn")
+
+
+def spend_script() -> str:
+    """The text of the budget's spend script."""
+    return _script("budget_spend", "return ok\n")
+
+
 class RedisBudget:
     """The hedge budget in the Redis hash :data:`keys.BUDGET`, shared by all processes."""
 
@@ -94,8 +104,8 @@ class RedisBudget:
         self._client = client
         self._settings = settings
         self._clock = clock
-        self._earn = client.register_script(_script("budget_earn"))
-        self._spend = client.register_script(_script("budget_spend", "return ok\n"))
+        self._earn = client.register_script(earn_script())
+        self._spend = client.register_script(spend_script())
 
     def _args(self) -> list[str]:
         s = self._settings

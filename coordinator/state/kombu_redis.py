@@ -47,11 +47,11 @@ from coordinator.state.scriptacks import SCRIPT_ACKS
 
 # KEYS: the unacked index (a zset of delivery tags by delivery time), the unacked hash.
 # ARGV: delivery time, delivery tag, [message, exchange, routing key] as JSON.
-_APPEND = """redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+APPEND_SCRIPT = """redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 return 1"""
 # KEYS: as _APPEND. ARGV: the delivery tag.
-_ACK = """redis.call('ZREM', KEYS[1], ARGV[1])
+ACK_SCRIPT = """redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 return 1"""
 
@@ -69,7 +69,8 @@ class QoS(kombu_redis.QoS):
         made = self._scripts_
         if made is None or made[0] is not client:  # EVALSHA; its text again after NOSCRIPT
             lean = lean_for(client)  # without redis-py's per-command path
-            made = self._scripts_ = (client, lean.script(_APPEND), lean.script(_ACK))
+            scripts = lean.script(APPEND_SCRIPT), lean.script(ACK_SCRIPT)
+            made = self._scripts_ = (client, *scripts)
         return made[1], made[2]
 
     def append(self, message: Any, delivery_tag: Any) -> None:

@@ -127,6 +127,11 @@ def legs_json(legs: Sequence[LinkObservation]) -> str:
     )  # fmt: skip
 
 
+def report_script() -> str:
+    """The text of a member's report script: the fold's functions, then the report."""
+    return lua("profile_fold") + lua("member_report")
+
+
 def decay_args(settings: ProfileSettings) -> list[str | int | float]:
     """The fold's settings as the script reads them (profile_fold.lua ``weight``)."""
     if math.isinf(settings.half_life):
@@ -151,7 +156,7 @@ class RedisMemberOps:
         """Register the two scripts (EVALSHA: their text is sent once): the store's init."""
         lean = lean_for(client)  # EVALSHA without redis-py's per-command path
         self._start_script = lean.script(lua("member_start"))
-        self._report_script = lean.script(lua("profile_fold") + lua("member_report"))
+        self._report_script = lean.script(report_script())
 
     def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]:
         """The group's signal at the start, and whether the member runs."""
