@@ -155,10 +155,13 @@ class Services:
     also stops an embedded server, after the workers.
     """
 
-    def __init__(self, tmp: Path, concurrency: int, bare_events: bool = False) -> None:
+    def __init__(
+        self, tmp: Path, concurrency: int, bare_events: bool = False, lane: bool = False
+    ) -> None:
         self.tmp = tmp
         self.concurrency = concurrency
         self.bare_events = bare_events
+        self.lane = lane  # HACO's workers run members in the member lane (workers/lane.py)
         self.embedded: EmbeddedRedis | None = None
         url = os.environ.get("HACO_REDIS_URL")
         if not url:
@@ -172,6 +175,7 @@ class Services:
     def _stack(self) -> BenchStack:
         env = {"HACO_POOL_FILE": str(POOL_FILE), "HACO_SIM_TIME_SCALE": "1.0"}
         env["HACO_STATE_DIR"] = str(self.tmp / "state")
+        env["HACO_MEMBER_LANE"] = "true" if self.lane else "false"
         return BenchStack(self.url, None, log_dir=self.tmp / "logs", extra_env=env)
 
     def flush(self) -> None:

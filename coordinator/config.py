@@ -240,6 +240,13 @@ class HacoSettings(BaseSettings):
     # Celery task events feed Flower and `celery events`. They cost three extra broker
     # messages per member (two before it starts), so they are opt-in.
     task_events: bool = False
+    # A zone worker runs its members in the member lane (workers/lane.py): the same
+    # queue and messages, without Celery's consumer, strategy and tracer, about half of a
+    # member's worker CPU. The worker stays a Celery worker for Flower and remote
+    # control; members then send no task events, so with task_events on it is not used.
+    member_lane: bool = False
+    # The lane's fetcher blocks this long per BRPOP: how long a stop waits for it.
+    member_lane_poll_s: Annotated[float, Field(gt=0.0, le=60.0, allow_inf_nan=False)] = 1.0
     # Celery's two INFO lines per task in a worker's log ("received", "succeeded in").
     # Off by default: every member is a trace already (the trace stream, then
     # Postgres), and at hundreds of members a second the lines cost a tenth of a

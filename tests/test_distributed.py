@@ -1,10 +1,11 @@
 """The distributed runtime end to end: real Redis, real Celery worker processes, no mocks.
 
-Every test runs twice: against a Redis given by URL, as HACO_REDIS_URL gives one (the
+Every test runs three times: against a Redis given by URL, as HACO_REDIS_URL gives one (the
 run's own server, tests/services.py: DB 0 for HACO's keys and DB 1 for Celery's broker,
 flushed at start; never the machine's, whose DB 0 and 1 belong to whoever runs `haco up`
-there), and against an embedded valkey-server started by ``start_stack`` as ``haco up``
-does. Workers start once per server (one per zone; the
+there), against an embedded valkey-server started by ``start_stack`` as ``haco up``
+does, and against the first with workers that run members in the member lane
+(``HACO_MEMBER_LANE``, workers/lane.py). Workers start once per server (one per zone; the
 ``solo`` zone has a single thread so its queue can be kept busy).
 
 Members are deterministic: the scenario written below gives every model a fixed latency
@@ -167,11 +168,13 @@ class Services:
         wait_ready(self.client, [zone])
 
 
-@pytest.fixture(scope="module", params=["external", "embedded"])
+@pytest.fixture(scope="module", params=["external", "embedded", "external-lane"])
 def services(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Services]:
-    external = request.param == "external"
+    """``external-lane``: the external server, workers running members in the member
+    lane (workers/lane.py) instead of through Celery's consumer."""
+    external = request.param.startswith("external")
     url = request.getfixturevalue("runtime_redis_url") if external else ""
     tmp = tmp_path_factory.mktemp(request.param)
     pool_file = write_pool(tmp)
@@ -179,6 +182,8 @@ def services(
         for name in [n for n in os.environ if n.startswith("HACO_")]:
             mp.delenv(name)
         mp.setenv("HACO_POOL_FILE", str(pool_file))  # workers read it from the environment
+        if request.param.endswith("lane"):
+            mp.setenv("HACO_MEMBER_LANE", "true")
         if external:
             flush_runtime_dbs(url)
         # An empty URL makes start_stack start an embedded server, as `haco up` does.
@@ -189,6 +194,11 @@ def services(
             settings = HacoSettings(redis_url=stack.redis_url, pool_file=pool_file)
             with HacoClient(settings, redis_url=stack.redis_url) as client:
                 wait_ready(client, ZONES)
+                if request.param.endswith("lane"):  # Celery's consumers listen elsewhere
+                    broker = redis.Redis.from_url(with_db(stack.redis_url, keys.BROKER_DB))
+                    with broker:
+                        for zone in ZONES:
+                            assert broker.exists(f"_kombu.binding.{keys.lane_queue(zone)}")
                 yield Services(stack.redis_url, stack, pool_file, client)
         finally:
             stack.stop()

@@ -14,6 +14,7 @@ the embedded Postgres). Counters ``judge_<outcome>`` go to ``keys.METRICS``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -57,6 +58,7 @@ from workers.judge import (
     SimJudge,
     judge_member,
 )
+from workers.lane import MemberLane, lane_step
 from workers.maintenance import register_maintenance
 from workers.member import MemberContext, execute_member
 from workers.probe import Probing
@@ -298,7 +300,21 @@ def script_acks(app: Celery) -> Callable[[Any], BrokerAck | None]:
     return ack
 
 
-def create_app(settings: HacoSettings, redis_url: str) -> Celery:
+def run_member(runtime: WorkerRuntime, payload: Any, ack: BrokerAck | None) -> None:
+    """A member task's body, for Celery's task and the member lane alike."""
+    try:
+        task = MemberTask.model_validate(payload)
+    except ValidationError as exc:
+        # A malformed payload cannot be answered (it may lack a group); it is
+        # logged loudly and acknowledged so it does not loop through the queue.
+        log.error("rejected member task payload: %s", exc)
+        return
+    execute_member(task, runtime.context(), ack)
+
+
+def create_app(settings: HacoSettings, redis_url: str, member_lane: str | None = None) -> Celery:
+    """HACO's Celery app; ``member_lane``: a zone queue whose members a worker of this
+    app runs in the member lane (workers.lane) instead of through Celery's consumer."""
     app = Celery("haco", set_as_current=False)
     app.conf.update(celery_conf(settings, redis_url))
     quiet_task_logs(app, settings.worker_task_log)
@@ -313,14 +329,18 @@ def create_app(settings: HacoSettings, redis_url: str) -> Celery:
     # shared=False: the task belongs to this app only, never Celery's implicit registry.
     @app.task(name=MEMBER_TASK, ignore_result=True, acks_late=True, shared=False, bind=True)
     def member(self: Any, payload: dict[str, Any]) -> None:
-        try:
-            task = MemberTask.model_validate(payload)
-        except ValidationError as exc:
-            # A malformed payload cannot be answered (it may lack a group); it is
-            # logged loudly and acknowledged so it does not loop through the queue.
-            log.error("rejected member task payload: %s", exc)
-            return
-        execute_member(task, runtime.context(), ack_of(self.request))
+        run_member(runtime, payload, ack_of(self.request))
+
+    if member_lane is not None:
+        lane_queue = member_lane
+
+        def make_lane(threads: int) -> MemberLane:  # at the worker's start: no import-time I/O
+            broker = redis.Redis.from_url(with_db(redis_url, keys.BROKER_DB))
+            run = functools.partial(run_member, runtime)
+            return MemberLane(broker, lane_queue, run, task_name=MEMBER_TASK, threads=threads,
+                              poll_s=settings.member_lane_poll_s)  # fmt: skip
+
+        app.steps["worker"].add(lane_step(make_lane))
 
     @app.task(
         name=JUDGE_TASK,

@@ -17,7 +17,7 @@ from rich.table import Table
 from coordinator.cli.common import clean_errors, err, show
 from coordinator.config import HacoSettings
 from coordinator.errors import ConfigError, InputError, ServiceError
-from coordinator.state.keys import JUDGE_QUEUE, queue_for
+from coordinator.state.keys import JUDGE_QUEUE, lane_queue, queue_for
 from schemas.enums import LaunchMode, WinnerMode
 
 if TYPE_CHECKING:
@@ -94,12 +94,17 @@ def worker_cmd(
     queue, name = _worker_queue(settings, zone, judge)
     if concurrency is not None and concurrency < 1:
         raise InputError(f"--concurrency={concurrency}; expected at least 1")
-    app = create_app(settings, service_url(settings))
+    lane = zone is not None and settings.member_lane
+    if lane and settings.task_events:
+        err.print("member_lane is not used: task_events is on (lane members send no task "
+                  "events for Flower); members go through Celery's consumer")  # fmt: skip
+        lane = False
+    app = create_app(settings, service_url(settings), member_lane=queue if lane else None)
     app.worker_main(
         [
             "worker",
             "--queues",
-            queue,
+            lane_queue(str(zone)) if lane else queue,
             "--pool",
             "threads",
             "--concurrency",

@@ -249,3 +249,10 @@ ZONE_QUEUE_PREFIX = "haco.zone."
 def queue_for(zone: str) -> str:
     """The Celery queue a zone's workers consume: ``haco.zone.<zone>``."""
     return f"{ZONE_QUEUE_PREFIX}{zone}"
+
+
+def lane_queue(zone: str) -> str:
+    """The Celery queue a member-lane worker's Celery consumer listens on while its lane
+    (workers.lane) takes the zone's members: nothing is sent to it; it keeps the worker a
+    Celery worker (Flower, remote control, kombu's restore of expired unacked messages)."""
+    return f"haco.lane.{zone}"

@@ -1,0 +1,208 @@
+"""The member lane (workers/lane.py) on a real Redis: it runs the messages Celery's
+``send_task`` writes, records each in kombu's unacked index and hash while it runs (so
+kombu's own restore puts it back, unchanged, if the worker dies), acknowledges it after,
+and drops what it cannot run. The whole distributed suite also runs on lane workers
+(tests/test_distributed.py, ``external-lane``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Connection
+from polling import wait_for
+from services import flush_runtime_dbs
+
+from coordinator.config import HacoSettings
+from coordinator.state import keys
+from coordinator.state.broker import BROKER_TRANSPORT, celery_conf, with_db
+from coordinator.state.memberops import BrokerAck
+from coordinator.state.scriptacks import SCRIPT_ACKS
+from workers.lane import BadMessage, MemberLane, parse_entry, priority_lists, task_payload
+
+QUEUE = keys.queue_for("lane-test")
+WAIT_S = 10.0
+
+
+class Runs:
+    """What the lane ran, with a gate that holds every run until it opens."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.payloads: list[Any] = []
+        self.acks: list[BrokerAck] = []
+        self.gate = threading.Event()
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def __call__(self, payload: Any, ack: BrokerAck) -> None:
+        with self.lock:
+            self.payloads.append(payload)
+            self.acks.append(ack)
+        self.gate.wait(WAIT_S)
+        if self.fail:
+            raise RuntimeError("the member failed")
+
+
+@pytest.fixture
+def broker(runtime_redis_url: str) -> Iterator[redis.Redis]:
+    flush_runtime_dbs(runtime_redis_url)
+    r = redis.Redis.from_url(with_db(runtime_redis_url, keys.BROKER_DB))
+    yield r
+    r.close()
+    flush_runtime_dbs(runtime_redis_url)
+
+
+@pytest.fixture
+def sender(runtime_redis_url: str) -> Iterator[Celery]:
+    app = Celery("lane-test", set_as_current=False)
+    app.conf.update(celery_conf(HacoSettings(), runtime_redis_url))
+    yield app
+    app.close()
+
+
+def lane(broker: redis.Redis, run: Runs, threads: int = 2) -> MemberLane:
+    return MemberLane(broker, QUEUE, run, task_name=keys.MEMBER_TASK, threads=threads, poll_s=0.05)
+
+
+def unacked(broker: redis.Redis) -> tuple[set[bytes], set[bytes]]:
+    return set(broker.hkeys(keys.UNACKED_HASH)), set(broker.zrange(keys.UNACKED_INDEX, 0, -1))
+
+
+def test_runs_celerys_messages_holding_each_unacked_until_done(
+    broker: redis.Redis, sender: Celery
+) -> None:
+    for i in range(3):
+        sender.send_task(keys.MEMBER_TASK, args=[{"n": i}], queue=QUEUE)
+    runs = Runs()
+    lane_ = lane(broker, runs)
+    lane_.start()
+    try:
+        wait_for("two members running", lambda: len(runs.payloads) == 2, WAIT_S)
+        # Two threads: the third message waits in the queue, not in this process.
+        assert broker.llen(QUEUE) == 1
+        tags = {a.tag.encode() for a in runs.acks}
+        assert unacked(broker) == (tags, tags)
+        entry = json.loads(broker.hget(keys.UNACKED_HASH, runs.acks[0].tag) or b"")
+        assert entry[1:] == ["", QUEUE]  # kombu's [message, exchange, routing key]
+        assert entry[0]["properties"]["delivery_tag"] == runs.acks[0].tag
+        assert {a.db for a in runs.acks} == {keys.BROKER_DB}
+        runs.gate.set()
+        wait_for("every message run and acknowledged", lambda: not any(unacked(broker)), WAIT_S)
+        assert sorted(p["n"] for p in runs.payloads) == [0, 1, 2]
+        assert broker.llen(QUEUE) == 0
+    finally:
+        runs.gate.set()
+        lane_.stop()
+
+
+def test_a_message_the_report_acknowledged_is_not_acknowledged_again(
+    broker: redis.Redis, sender: Celery
+) -> None:
+    sender.send_task(keys.MEMBER_TASK, args=[{"n": 1}], queue=QUEUE)
+
+    def run(payload: Any, ack: BrokerAck) -> None:  # what the report script does
+        broker.zrem(keys.UNACKED_INDEX, ack.tag)
+        broker.hdel(keys.UNACKED_HASH, ack.tag)
+        broker.set("acked-by-report", ack.tag)
+        SCRIPT_ACKS.add(ack.tag)
+
+    lane_ = MemberLane(broker, QUEUE, run, task_name=keys.MEMBER_TASK, threads=1, poll_s=0.05)
+    lane_.start()
+    try:
+        wait_for("the report's ack", lambda: broker.get("acked-by-report") is not None, WAIT_S)
+        tag = (broker.get("acked-by-report") or b"").decode()
+    finally:
+        lane_.stop()  # the members in flight finish first
+    assert not SCRIPT_ACKS.take(tag)  # the lane took it: forgotten, not left to pile up
+    assert unacked(broker) == (set(), set())
+
+
+@pytest.mark.parametrize("case", ["another task", "the run fails"])
+def test_what_cannot_run_is_acknowledged_and_dropped(
+    broker: redis.Redis, sender: Celery, case: str
+) -> None:
+    name = "some.other.task" if case == "another task" else keys.MEMBER_TASK
+    sender.send_task(name, args=[{"n": 1}], queue=QUEUE)
+    runs = Runs(fail=case == "the run fails")
+    runs.gate.set()
+    lane_ = lane(broker, runs)
+    lane_.start()
+    try:
+        wait_for("the queue drained", lambda: broker.llen(QUEUE) == 0, WAIT_S)
+        wait_for("no unacked entry left", lambda: not any(unacked(broker)), WAIT_S)
+    finally:
+        lane_.stop()
+    assert len(runs.payloads) == (1 if case == "the run fails" else 0)
+
+
+def test_an_entry_that_is_no_celery_message_is_dropped(broker: redis.Redis) -> None:
+    broker.lpush(QUEUE, b"not json")
+    runs = Runs()
+    runs.gate.set()
+    lane_ = lane(broker, runs)
+    lane_.start()
+    try:
+        wait_for("the entry taken", lambda: broker.llen(QUEUE) == 0, WAIT_S)
+    finally:
+        lane_.stop()
+    assert runs.payloads == [] and unacked(broker) == (set(), set())
+
+
+def test_kombu_restores_a_running_message_unchanged_when_its_worker_is_gone(
+    broker: redis.Redis, sender: Celery, runtime_redis_url: str
+) -> None:
+    sender.send_task(keys.MEMBER_TASK, args=[{"n": 7}], queue=QUEUE)
+    sent = json.loads(broker.lindex(QUEUE, 0) or b"")
+    runs = Runs()
+    lane_ = lane(broker, runs, threads=1)
+    lane_.start()
+    try:
+        wait_for("the member running", lambda: len(runs.payloads) == 1, WAIT_S)
+        # The worker is gone (its entry stays unacked): kombu's sweep, as any Celery
+        # worker's channel runs it, with a visibility timeout already past.
+        options = {"visibility_timeout": 0.0, "unacked_key": keys.UNACKED_HASH,
+                   "unacked_index_key": keys.UNACKED_INDEX}  # fmt: skip
+        url = with_db(runtime_redis_url, keys.BROKER_DB)
+        with Connection(url, transport=BROKER_TRANSPORT, transport_options=options) as conn:
+            conn.default_channel.qos.restore_visible(num=10, interval=1)
+        restored = json.loads(broker.lindex(QUEUE, 0) or b"")
+    finally:
+        runs.gate.set()
+        lane_.stop()
+    restored["headers"].pop("redelivered")
+    restored["properties"]["delivery_info"].pop("redelivered")
+    assert restored == sent
+
+
+def test_the_queues_lists_are_kombus_priority_lists() -> None:
+    assert priority_lists("q") == ["q", "q\x06\x163", "q\x06\x166", "q\x06\x169"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"[]", b'{"properties": {}}', b'{"properties": {"delivery_tag": "t"}, "headers": {}}',
+     b'{"properties": {"delivery_tag": "t"}, "headers": {"task": "x"}, "body": "e30=",'
+     b' "content-type": "application/x-python-serialize"}'],
+)  # fmt: skip
+def test_parse_entry_names_what_is_wrong(raw: bytes) -> None:
+    with pytest.raises(BadMessage, match=r"not a Celery message|content type"):
+        parse_entry(raw)
+
+
+@pytest.mark.parametrize("body", [b"{}", b"[[], {}, {}]", b"nope"])
+def test_task_payload_needs_a_protocol_2_body(body: bytes) -> None:
+    with pytest.raises(BadMessage, match="not a member task's body"):
+        task_payload(body)
+
+
+def test_lane_settings_are_checked(broker: redis.Redis) -> None:
+    runs = Runs()
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        MemberLane(broker, QUEUE, runs, task_name="t", threads=0, poll_s=1.0)
+    with pytest.raises(ValueError, match="poll_s must be > 0, got 0"):
+        MemberLane(broker, QUEUE, runs, task_name="t", threads=1, poll_s=0)
