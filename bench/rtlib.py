@@ -156,12 +156,14 @@ class Services:
     """
 
     def __init__(
-        self, tmp: Path, concurrency: int, bare_events: bool = False, lane: bool = False
+        self, tmp: Path, concurrency: int, bare_events: bool = False, lane: bool = True
     ) -> None:
         self.tmp = tmp
         self.concurrency = concurrency
         self.bare_events = bare_events
-        self.lane = lane  # HACO's workers run members in the member lane (workers/lane.py)
+        # HACO's workers run members in the member lane (workers/lane.py, the default),
+        # else through Celery's consumer.
+        self.lane = lane
         self.embedded: EmbeddedRedis | None = None
         url = os.environ.get("HACO_REDIS_URL")
         if not url:

@@ -20,6 +20,8 @@ hotpath() {
   env -u HACO_REDIS_URL "$py" -m bench.runtime all --json out/bench/runtime.json > /dev/null
   env -u HACO_REDIS_URL "$py" -m bench.runtime growth planning \
     --json out/bench/growth.json > /dev/null
+  env -u HACO_REDIS_URL "$py" -m bench.runtime all --celery-consumer \
+    --json out/bench/runtime-celery.json > /dev/null
   "$py" -m bench.ingest --harvesters 1 > out/bench/ingest.json
   "$py" -m bench.ingest --harvesters 2 > out/bench/ingest2.json
   env -u HACO_REDIS_URL "$py" -m bench.leancall > out/bench/leancall.json
@@ -28,7 +30,7 @@ hotpath() {
   "$py" -m bench.hotpath_report --runtime out/bench/runtime.json \
     --growth out/bench/growth.json --ingest out/bench/ingest.json \
     --ingest2 out/bench/ingest2.json --leancall out/bench/leancall.json \
-    --reportscript out/bench/reportscript.json \
+    --reportscript out/bench/reportscript.json --celery out/bench/runtime-celery.json \
     --ingest-command "python -m bench.ingest --harvesters 1" \
     --ingest2-command "python -m bench.ingest --harvesters 2" --doc docs/BENCHMARKS.md
 }

@@ -265,7 +265,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--inflight", type=int, default=1, help="tail: groups in flight")
     p.add_argument("--bare-events", action="store_true", help="bare worker sends events too")
     p.add_argument(
-        "--lane", action="store_true", help="HACO's workers run members in the member lane"
+        "--celery-consumer",
+        action="store_true",
+        help="HACO's workers run members through Celery's consumer, not the member lane",
     )
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole run (s)")
     p.add_argument("--url", help=argparse.SUPPRESS)  # echo-peer only
@@ -302,8 +304,8 @@ def main(argv: list[str]) -> int:
         "results": {},
     }
     with tempfile.TemporaryDirectory(prefix="haco-bench-") as tmp:
-        svc = Services(Path(tmp), args.concurrency, args.bare_events, args.lane)
-        report["member_lane"] = args.lane
+        svc = Services(Path(tmp), args.concurrency, args.bare_events, not args.celery_consumer)
+        report["member_lane"] = svc.lane
         report["redis"] = {
             "source": "embedded" if svc.embedded else "HACO_REDIS_URL",
             **server_info(svc.app_redis),

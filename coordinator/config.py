@@ -241,10 +241,11 @@ class HacoSettings(BaseSettings):
     # messages per member (two before it starts), so they are opt-in.
     task_events: bool = False
     # A zone worker runs its members in the member lane (workers/lane.py): the same
-    # queue and messages, without Celery's consumer, strategy and tracer, about half of a
-    # member's worker CPU. The worker stays a Celery worker for Flower and remote
-    # control; members then send no task events, so with task_events on it is not used.
-    member_lane: bool = False
+    # queue and messages, without Celery's consumer, strategy and tracer, which cost
+    # about a third of a member's worker CPU. The worker stays a Celery worker for Flower
+    # and remote control; lane members send no task events, so with task_events on the
+    # lane is not used. False: members go through Celery's consumer.
+    member_lane: bool = True
     # The lane's fetcher blocks this long per BRPOP: how long a stop waits for it.
     member_lane_poll_s: Annotated[float, Field(gt=0.0, le=60.0, allow_inf_nan=False)] = 1.0
     # Celery's two INFO lines per task in a worker's log ("received", "succeeded in").

@@ -4,8 +4,9 @@ Every test runs three times: against a Redis given by URL, as HACO_REDIS_URL giv
 run's own server, tests/services.py: DB 0 for HACO's keys and DB 1 for Celery's broker,
 flushed at start; never the machine's, whose DB 0 and 1 belong to whoever runs `haco up`
 there), against an embedded valkey-server started by ``start_stack`` as ``haco up``
-does, and against the first with workers that run members in the member lane
-(``HACO_MEMBER_LANE``, workers/lane.py). Workers start once per server (one per zone; the
+does, and against the first with workers that run members through Celery's consumer
+(``HACO_MEMBER_LANE=false``) instead of the member lane (workers/lane.py). Workers start
+once per server (one per zone; the
 ``solo`` zone has a single thread so its queue can be kept busy).
 
 Members are deterministic: the scenario written below gives every model a fixed latency
@@ -40,6 +41,7 @@ from coordinator.errors import AllFailedError, ConfigError, DeadlineError
 from coordinator.runtime.client import HacoClient
 from coordinator.runtime.pool import load_pool
 from coordinator.runtime.results import InvocationResult
+from coordinator.runtime.zone_view import inspect_workers
 from coordinator.services.supervisor import Stack, start_stack
 from coordinator.state import keys
 from coordinator.state.broker import with_db
@@ -168,13 +170,14 @@ class Services:
         wait_ready(self.client, [zone])
 
 
-@pytest.fixture(scope="module", params=["external", "embedded", "external-lane"])
+@pytest.fixture(scope="module", params=["external", "embedded", "external-celery"])
 def services(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Services]:
-    """``external-lane``: the external server, workers running members in the member
-    lane (workers/lane.py) instead of through Celery's consumer."""
+    """``external-celery``: the external server, workers running members through
+    Celery's consumer instead of the member lane (workers/lane.py, the default)."""
     external = request.param.startswith("external")
+    lane = not request.param.endswith("celery")
     url = request.getfixturevalue("runtime_redis_url") if external else ""
     tmp = tmp_path_factory.mktemp(request.param)
     pool_file = write_pool(tmp)
@@ -182,8 +185,8 @@ def services(
         for name in [n for n in os.environ if n.startswith("HACO_")]:
             mp.delenv(name)
         mp.setenv("HACO_POOL_FILE", str(pool_file))  # workers read it from the environment
-        if request.param.endswith("lane"):
-            mp.setenv("HACO_MEMBER_LANE", "true")
+        if not lane:
+            mp.setenv("HACO_MEMBER_LANE", "false")
         if external:
             flush_runtime_dbs(url)
         # An empty URL makes start_stack start an embedded server, as `haco up` does.
@@ -194,11 +197,12 @@ def services(
             settings = HacoSettings(redis_url=stack.redis_url, pool_file=pool_file)
             with HacoClient(settings, redis_url=stack.redis_url) as client:
                 wait_ready(client, ZONES)
-                if request.param.endswith("lane"):  # Celery's consumers listen elsewhere
-                    broker = redis.Redis.from_url(with_db(stack.redis_url, keys.BROKER_DB))
-                    with broker:
-                        for zone in ZONES:
-                            assert broker.exists(f"_kombu.binding.{keys.lane_queue(zone)}")
+                # A lane worker's Celery consumer listens on the zone's lane queue.
+                broker = redis.Redis.from_url(with_db(stack.redis_url, keys.BROKER_DB))
+                with broker:
+                    for zone in ZONES:
+                        bound = broker.exists(f"_kombu.binding.{keys.lane_queue(zone)}")
+                        assert bool(bound) is lane
                 yield Services(stack.redis_url, stack, pool_file, client)
         finally:
             stack.stop()
@@ -473,3 +477,22 @@ def test_ainvoke_awaits_many_invocations_on_the_reply_hub(svc: Services) -> None
     gid, failures = info.value.group_id, info.value.failures
     assert failures and all(m.startswith(f"{gid}.") for m in failures)
     assert set(failures.values()) == {"the service failed"}
+
+
+def test_running_members_are_listed_by_celerys_active_inspect(svc: Services) -> None:
+    # A lane worker lists its members as Celery's consumer lists its tasks: `celery
+    # inspect active`, Flower's worker page and `haco zones`' in-flight counts see them.
+    queue = keys.queue_for("regional")
+    seen: list[dict[str, Any]] = []
+
+    def listed() -> bool:
+        view = inspect_workers(svc.client.app, 1.0)
+        seen[:] = [t for tasks in view.active.values() for t in tasks or []]
+        return view.running(queue) >= 1
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(svc.client.invoke, "late", "hi", deadline_s=10)
+        wait_for("the regional member listed as active", listed, 5)
+        assert future.result(timeout=15).state is GroupState.WON
+    member = next(t for t in seen if t["delivery_info"]["routing_key"] == queue)
+    assert member["name"] == keys.MEMBER_TASK and member["id"]

@@ -7,6 +7,7 @@ and drops what it cannot run. The whole distributed suite also runs on lane work
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,9 +15,10 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.worker import state as worker_state
 from kombu import Connection
 from polling import wait_for
-from services import flush_runtime_dbs
+from services import UNREACHABLE_REDIS_URL, flush_runtime_dbs
 
 from coordinator.config import HacoSettings
 from coordinator.state import keys
@@ -66,7 +68,10 @@ def sender(runtime_redis_url: str) -> Iterator[Celery]:
 
 
 def lane(broker: redis.Redis, run: Runs, threads: int = 2) -> MemberLane:
-    return MemberLane(broker, QUEUE, run, task_name=keys.MEMBER_TASK, threads=threads, poll_s=0.05)
+    return MemberLane(
+        broker, QUEUE, run, task_name=keys.MEMBER_TASK, threads=threads, poll_s=0.05,
+        hostname="w@h",
+    )  # fmt: skip
 
 
 def unacked(broker: redis.Redis) -> tuple[set[bytes], set[bytes]]:
@@ -76,8 +81,7 @@ def unacked(broker: redis.Redis) -> tuple[set[bytes], set[bytes]]:
 def test_runs_celerys_messages_holding_each_unacked_until_done(
     broker: redis.Redis, sender: Celery
 ) -> None:
-    for i in range(3):
-        sender.send_task(keys.MEMBER_TASK, args=[{"n": i}], queue=QUEUE)
+    sent = [sender.send_task(keys.MEMBER_TASK, args=[{"n": i}], queue=QUEUE).id for i in range(3)]
     runs = Runs()
     lane_ = lane(broker, runs)
     lane_.start()
@@ -91,9 +95,15 @@ def test_runs_celerys_messages_holding_each_unacked_until_done(
         assert entry[1:] == ["", QUEUE]  # kombu's [message, exchange, routing key]
         assert entry[0]["properties"]["delivery_tag"] == runs.acks[0].tag
         assert {a.db for a in runs.acks} == {keys.BROKER_DB}
+        # Listed as Celery lists the tasks it runs (`celery inspect active`).
+        active = [r.info() for r in list(worker_state.active_requests)]
+        assert sorted(i["delivery_info"]["routing_key"] for i in active) == [QUEUE, QUEUE]
+        assert {i["name"] for i in active} == {keys.MEMBER_TASK}
+        assert {i["id"] for i in active} <= set(sent) and {i["hostname"] for i in active} == {"w@h"}
         runs.gate.set()
         wait_for("every message run and acknowledged", lambda: not any(unacked(broker)), WAIT_S)
         assert sorted(p["n"] for p in runs.payloads) == [0, 1, 2]
+        assert not list(worker_state.active_requests)
         assert broker.llen(QUEUE) == 0
     finally:
         runs.gate.set()
@@ -206,3 +216,20 @@ def test_lane_settings_are_checked(broker: redis.Redis) -> None:
         MemberLane(broker, QUEUE, runs, task_name="t", threads=0, poll_s=1.0)
     with pytest.raises(ValueError, match="poll_s must be > 0, got 0"):
         MemberLane(broker, QUEUE, runs, task_name="t", threads=1, poll_s=0)
+
+
+def test_the_fetcher_outlives_a_broker_that_fails_and_stops_cleanly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broker = redis.Redis.from_url(UNREACHABLE_REDIS_URL)
+    runs = Runs()
+    lane_ = MemberLane(broker, QUEUE, runs, task_name=keys.MEMBER_TASK, threads=1, poll_s=0.02)
+    with caplog.at_level(logging.WARNING, logger="workers.lane"):
+        lane_.start()
+        try:
+            failed = lambda: sum("fetch failed" in r.getMessage() for r in caplog.records)  # noqa: E731
+            wait_for("two failed fetches, each logged and retried", lambda: failed() >= 2, WAIT_S)
+            assert lane_._fetcher is not None and lane_._fetcher.is_alive()
+        finally:
+            lane_.stop(timeout_s=WAIT_S)
+    assert not lane_._fetcher.is_alive() and runs.payloads == []

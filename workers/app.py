@@ -334,11 +334,11 @@ def create_app(settings: HacoSettings, redis_url: str, member_lane: str | None =
     if member_lane is not None:
         lane_queue = member_lane
 
-        def make_lane(threads: int) -> MemberLane:  # at the worker's start: no import-time I/O
+        def make_lane(threads: int, hostname: str) -> MemberLane:  # at the worker's start
             broker = redis.Redis.from_url(with_db(redis_url, keys.BROKER_DB))
             run = functools.partial(run_member, runtime)
             return MemberLane(broker, lane_queue, run, task_name=MEMBER_TASK, threads=threads,
-                              poll_s=settings.member_lane_poll_s)  # fmt: skip
+                              poll_s=settings.member_lane_poll_s, hostname=hostname)  # fmt: skip
 
         app.steps["worker"].add(lane_step(make_lane))
 

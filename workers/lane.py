@@ -34,15 +34,17 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 from celery import bootsteps
+from celery.worker import state as worker_state
 
 from coordinator.state import keys
 from coordinator.state.kombu_redis import ACK_SCRIPT, APPEND_SCRIPT
@@ -72,27 +74,61 @@ class Delivery:
     tag: str
     task: str  # the Celery task's name (headers.task)
     body: bytes  # the JSON of [args, kwargs, embed]
+    task_id: str = ""  # headers.id
+    argsrepr: str = ""  # headers.argsrepr
+    delivery_info: dict[str, Any] = field(default_factory=dict)
+
+
+class LaneRequest:
+    """A member running in the lane as Celery's ``active`` inspect command lists a task
+    (it reads ``celery.worker.state.active_requests``): `celery inspect active`, Flower's
+    worker page and `haco zones`' in-flight counts see lane members too."""
+
+    __slots__ = ("__weakref__", "d", "hostname", "time_start")  # the set holds weak refs
+
+    def __init__(self, d: Delivery, hostname: str, time_start: float) -> None:
+        self.d, self.hostname, self.time_start = d, hostname, time_start
+
+    def info(self, safe: bool = False) -> dict[str, Any]:
+        """The fields of ``celery.worker.request.Request.info`` (the arguments as their
+        repr, as ``safe`` gives them)."""
+        return {
+            "id": self.d.task_id, "name": self.d.task, "args": self.d.argsrepr, "kwargs": "{}",
+            "type": self.d.task, "hostname": self.hostname, "time_start": self.time_start,
+            "acknowledged": False, "delivery_info": self.d.delivery_info,
+            "worker_pid": os.getpid(),
+        }  # fmt: skip
 
 
 class BadMessage(ValueError):
     """A list entry that is not a Celery message kombu's Redis transport could read."""
 
 
-def parse_entry(raw: bytes) -> tuple[dict[str, Any], Delivery]:
-    """A queue entry (kombu's JSON envelope) and what the lane needs of it."""
+def parse_entry(raw: bytes) -> Delivery:
+    """What the lane needs of a queue entry (kombu's JSON envelope)."""
     try:
         message = json.loads(raw)
-        props = message["properties"]
-        tag, task = str(props["delivery_tag"]), str(message["headers"]["task"])
+        props, headers = message["properties"], message["headers"]
+        if message.get("content-type") != "application/json":
+            raise BadMessage(f"content type {message.get('content-type')!r}, not JSON")
         body = message.get("body") or ""
         encoded = body.encode() if isinstance(body, str) else b""
         if props.get("body_encoding") == "base64":
             encoded = base64.b64decode(encoded)
-        if message.get("content-type") != "application/json":
-            raise BadMessage(f"content type {message.get('content-type')!r}, not JSON")
+        info = props.get("delivery_info") or {}
+        delivery_info = {
+            "exchange": str(info.get("exchange") or ""),
+            "routing_key": str(info.get("routing_key") or ""),
+            "priority": 0,
+            "redelivered": bool(info.get("redelivered")),
+        }
+        return Delivery(str(props["delivery_tag"]), str(headers["task"]), encoded,
+                        str(headers.get("id") or ""), str(headers.get("argsrepr") or ""),
+                        delivery_info)  # fmt: skip
+    except BadMessage:
+        raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BadMessage(f"not a Celery message: {exc}") from exc
-    return message, Delivery(tag, task, encoded)
 
 
 def task_payload(body: bytes) -> Any:
@@ -119,14 +155,20 @@ class MemberLane:
         task_name: str,
         threads: int,
         poll_s: float,
+        hostname: str = "",
         clock: Callable[[], float] = time.time,
     ) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads!r}")
         if poll_s <= 0:
             raise ValueError(f"poll_s must be > 0, got {poll_s!r}")
+        # A BRPOP must come back before the client's socket gives up on it.
+        socket_timeout_s = broker.connection_pool.connection_kwargs.get("socket_timeout")
+        if socket_timeout_s:
+            poll_s = min(poll_s, float(socket_timeout_s) / 2)
         self.queue, self.run, self.task_name = queue, run, task_name
         self.threads, self.poll_s, self.clock = threads, poll_s, clock
+        self.hostname = hostname  # the worker's node name, as its requests show it
         self._db = int(broker.connection_pool.connection_kwargs.get("db", 0))
         self._lean = lean_for(broker)
         self._append = self._lean.script(APPEND_SCRIPT)
@@ -152,23 +194,37 @@ class MemberLane:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
+    def terminate(self) -> None:
+        """No more fetches, without waiting for the members in flight (a cold shutdown):
+        their messages stay unacked and go back to the queue after the visibility
+        timeout."""
+        self._stop.set()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
     def _fetch_loop(self) -> None:
-        backoff_s = self.poll_s
         while not self._stop.is_set():
             if not self._free.acquire(timeout=self.poll_s):
                 continue  # every thread busy: look at the stop flag again
             try:
                 taken = self._take()
-            except redis.RedisError as exc:
-                self._free.release()
-                log.warning("member lane: the broker failed (%s); again in %.1f s", exc, backoff_s)
-                self._stop.wait(backoff_s)
-                continue
+            except Exception as exc:  # the fetcher must outlive any one failure
+                taken = None
+                log.warning("member lane: fetch failed (%s); again in %.1f s", exc, self.poll_s)
+                self._stop.wait(self.poll_s)
             if taken is None:
                 self._free.release()
                 continue
-            assert self._pool is not None
-            self._pool.submit(self._run, taken)
+            try:
+                self._pool_or_fail().submit(self._run, taken)
+            except RuntimeError:  # terminated meanwhile: it stays unacked, restored later
+                self._free.release()
+                return
+
+    def _pool_or_fail(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            raise RuntimeError("the lane is not started")
+        return self._pool
 
     def _take(self) -> Delivery | None:
         """The next message, recorded in kombu's unacked index and hash; None: none came
@@ -178,17 +234,34 @@ class MemberLane:
             return None
         list_key, raw = got
         try:
-            message, delivery = parse_entry(raw)
+            delivery = parse_entry(raw)
         except BadMessage as exc:
             log.error("member lane: dropped an entry of %r: %s", list_key, exc)
             return None
-        info = message["properties"].get("delivery_info") or {}
-        # kombu's QoS.append: [message, exchange, routing key], by delivery time.
-        entry = json.dumps([message, info.get("exchange", ""), info.get("routing_key", "")])
-        self._append(self._unacked, [repr(self.clock()), delivery.tag, entry])
-        return delivery
+        info = delivery.delivery_info
+        route = json.dumps([info["exchange"], info["routing_key"]])
+        # kombu's QoS.append: [message, exchange, routing key], by delivery time; the
+        # message's JSON as it came (kombu reads it back with json.loads, as any JSON).
+        entry = b"[" + raw + b", " + route[1:].encode()
+        return delivery if self._record(delivery.tag, entry) else None
+
+    def _record(self, tag: str, entry: bytes) -> bool:
+        """The entry in kombu's unacked index and hash. A broker that fails here has
+        the message only in this process (kombu's consumer would drop it): the write is
+        retried until it succeeds, or the lane stops (then it is lost, and logged)."""
+        while True:
+            try:
+                self._append(self._unacked, [repr(self.clock()), tag, entry])
+                return True
+            except redis.RedisError as exc:
+                log.warning("member lane: could not record %s (%s); retrying", tag, exc)
+                if self._stop.wait(self.poll_s):
+                    log.error("member lane: message %s lost: the broker failed at a stop", tag)
+                    return False
 
     def _run(self, d: Delivery) -> None:
+        request = LaneRequest(d, self.hostname, self.clock())
+        worker_state.active_requests.add(request)
         try:
             if d.task != self.task_name:
                 # What Celery does with a task it does not know: log it, acknowledge it.
@@ -199,6 +272,7 @@ class MemberLane:
         except Exception:
             log.exception("member lane: message %s failed", d.tag)
         finally:
+            worker_state.active_requests.discard(request)
             self._acknowledge(d.tag)
             self._free.release()
 
@@ -211,14 +285,15 @@ class MemberLane:
             log.error("member lane: could not acknowledge %s: %s", tag, exc)
 
 
-def lane_step(make: Callable[[int], MemberLane]) -> type[bootsteps.StartStopStep]:
-    """A worker bootstep running the lane ``make(the worker's concurrency)`` builds when
-    the worker starts, stopped with it (warm: the members in flight finish)."""
+def lane_step(make: Callable[[int, str], MemberLane]) -> type[bootsteps.StartStopStep]:
+    """A worker bootstep running the lane ``make(the worker's concurrency, its node
+    name)`` builds when the worker starts, stopped with it (warm: the members in flight
+    finish)."""
 
     class MemberLaneStep(bootsteps.StartStopStep):  # type: ignore[misc]
         label = "member lane"
 
         def create(self, worker: Any) -> MemberLane:
-            return make(int(worker.concurrency))
+            return make(int(worker.concurrency), str(worker.hostname))
 
     return MemberLaneStep

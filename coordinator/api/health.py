@@ -19,7 +19,7 @@ from coordinator.config import HacoSettings
 from coordinator.errors import HacoError
 from coordinator.runtime.client import HacoClient
 from coordinator.services.embedded_pg import running_url
-from coordinator.state.keys import queue_for
+from coordinator.state.keys import lane_queue, queue_for
 from coordinator.tracestore.db import connect
 
 router = APIRouter()
@@ -52,7 +52,8 @@ def _workers(client: HacoClient, timeout_s: float) -> str | None:
     except Exception as exc:  # a broker failure is "not ready", named
         return f"workers: cannot inspect: {exc}"
     consumed = {q.get("name") for queues in replies.values() for q in queues or []}
-    missing = sorted(z for z in client.pool.zones if queue_for(z) not in consumed)
+    # A lane worker's Celery consumer listens on the zone's lane queue (workers/lane.py).
+    missing = sorted(z for z in client.pool.zones if not {queue_for(z), lane_queue(z)} & consumed)
     if missing:
         return f"workers: no worker consumes the queues of zones {missing}"
     return None

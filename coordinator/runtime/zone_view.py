@@ -8,11 +8,13 @@ Where each figure comes from:
 - **queued**: ``LLEN haco.zone.<zone>`` on the broker database (with kombu's priority
   lists ``<queue>\\x06\\x16<n>``, empty unless a priority was set).
 - **workers**: Celery's ``active_queues`` broadcast: the online workers whose consumers
-  include the zone's queue. A zone no online worker consumes is **missing** — its members
+  include the zone's queue, or its lane queue (a worker running members in its member
+  lane, workers/lane.py). A zone no online worker consumes is **missing** — its members
   wait in the queue until their deadline. (Flower lists only the queues some online worker
   consumes, so it cannot show this.)
-- **in flight**: Celery's ``active`` broadcast: tasks running on those workers, counted by
-  the queue they came from (``delivery_info.routing_key``).
+- **in flight**: Celery's ``active`` broadcast: tasks running on those workers (member
+  lanes list theirs too), counted by the queue they came from
+  (``delivery_info.routing_key``).
 - **members, p50/p95, failures, last failure, win share**: the recent member reports and
   group verdicts — the trace stream (``keys.TRACES``: what the harvester has not taken yet)
   merged with the trace store's ``members``/``invocations`` of the last ``window_s``
@@ -39,7 +41,7 @@ import redis
 from coordinator.errors import HacoError
 from coordinator.state import keys
 from coordinator.state.codec import text
-from coordinator.state.keys import queue_for
+from coordinator.state.keys import lane_queue, queue_for
 from coordinator.tracestore.db import connect
 
 PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: <queue><sep><priority>
@@ -137,8 +139,9 @@ class WorkerView:
     active: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     problem: str | None = None
 
-    def consumers(self, queue: str) -> list[str]:
-        return sorted(w for w, qs in self.queues.items() if queue in qs)
+    def consumers(self, *queues: str) -> list[str]:
+        """The workers that consume any of ``queues`` (a zone's queue, its lane queue)."""
+        return sorted(w for w, qs in self.queues.items() if set(queues) & set(qs))
 
     def running(self, queue: str) -> int:
         n = 0
@@ -317,7 +320,7 @@ def zone_rows(
             (m for m in ms if m.status in ("failed", "timed_out")), key=lambda m: m.finished_at_s
         )
         last = failed[-1] if failed else None
-        consumers = workers.consumers(q)
+        consumers = workers.consumers(q, lane_queue(z))
         n_wins = sum(1 for _at, wz in wins if wz == z)
         inspected = workers.problem is None
         rows.append(
