@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -173,13 +174,7 @@ def test_kombu_restores_a_running_message_unchanged_when_its_worker_is_gone(
     lane_.start()
     try:
         wait_for("the member running", lambda: len(runs.payloads) == 1, WAIT_S)
-        # The worker is gone (its entry stays unacked): kombu's sweep, as any Celery
-        # worker's channel runs it, with a visibility timeout already past.
-        options = {"visibility_timeout": 0.0, "unacked_key": keys.UNACKED_HASH,
-                   "unacked_index_key": keys.UNACKED_INDEX}  # fmt: skip
-        url = with_db(runtime_redis_url, keys.BROKER_DB)
-        with Connection(url, transport=BROKER_TRANSPORT, transport_options=options) as conn:
-            conn.default_channel.qos.restore_visible(num=10, interval=1)
+        restore_all(runtime_redis_url)  # the worker is gone: its entry stays unacked
         restored = json.loads(broker.lindex(QUEUE, 0) or b"")
     finally:
         runs.gate.set()
@@ -187,6 +182,49 @@ def test_kombu_restores_a_running_message_unchanged_when_its_worker_is_gone(
     restored["headers"].pop("redelivered")
     restored["properties"]["delivery_info"].pop("redelivered")
     assert restored == sent
+
+
+def test_a_message_that_comes_while_the_lane_waits_is_recorded_as_kombu_records_it(
+    broker: redis.Redis, sender: Celery, runtime_redis_url: str
+) -> None:
+    # The queue is empty: the take waits in BRPOP (not the script), then records.
+    waiting = MemberLane(
+        broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=1, poll_s=WAIT_S
+    )
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        taken = pool.submit(waiting._take)
+        wait_for(
+            "the lane's BRPOP", lambda: any(c["cmd"] == "brpop" for c in broker.client_list()),
+            WAIT_S,
+        )  # fmt: skip
+        task_id = sender.send_task(keys.MEMBER_TASK, args=[{"n": 3}], queue=QUEUE).id
+        delivery = taken.result(WAIT_S)
+    assert delivery is not None and delivery.task_id == task_id
+    assert unacked(broker) == ({delivery.tag.encode()}, {delivery.tag.encode()})
+    restore_all(runtime_redis_url)
+    restored = json.loads(broker.lindex(QUEUE, 0) or b"")
+    assert restored["headers"]["id"] == task_id
+    assert restored["properties"]["delivery_tag"] == delivery.tag
+    assert task_payload(delivery.body) == {"n": 3}
+
+
+def restore_all(runtime_redis_url: str) -> None:
+    """kombu's sweep, as any Celery worker's channel runs it, with a visibility timeout
+    already past: every unacked message goes back to its queue."""
+    options = {"visibility_timeout": 0.0, "unacked_key": keys.UNACKED_HASH,
+               "unacked_index_key": keys.UNACKED_INDEX}  # fmt: skip
+    url = with_db(runtime_redis_url, keys.BROKER_DB)
+    with Connection(url, transport=BROKER_TRANSPORT, transport_options=options) as conn:
+        conn.default_channel.qos.restore_visible(num=10, interval=1)
+
+
+def test_the_take_follows_kombus_priority_order(broker: redis.Redis, sender: Celery) -> None:
+    later = sender.send_task(keys.MEMBER_TASK, args=[{"n": 9}], queue=QUEUE, priority=9).id
+    first = sender.send_task(keys.MEMBER_TASK, args=[{"n": 0}], queue=QUEUE).id
+    assert broker.llen(priority_lists(QUEUE)[3]) == 1  # kombu put it on priority 9's list
+    taking = lane(broker, Runs())
+    taken = [taking._take(), taking._take()]
+    assert [d.task_id if d else None for d in taken] == [first, later]
 
 
 def test_the_queues_lists_are_kombus_priority_lists() -> None:

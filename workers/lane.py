@@ -7,14 +7,17 @@ twice, a request object, the pool's hand-off, the tracer's signals and state, ko
 ack. The lane reads the same queue, the same messages (ordinary Celery tasks, which any
 Celery worker also runs), and does only what a member needs:
 
-- **One fetcher thread** BRPOPs the queue's lists in kombu's priority order, and only
+- **One fetcher thread** takes the queue's messages in kombu's priority order, and only
   while one of the lane's threads is free: nothing waits in this process that another
   worker could run (Celery's ``worker_prefetch_multiplier`` 1, per thread).
 - **kombu's ack emulation, kept.** Each message is recorded in kombu's unacked index and
   hash as kombu's own ``QoS.append`` records it (the same keys, entry and delivery time:
   :mod:`coordinator.state.kombu_redis`), so if this process dies the message goes back
   to its queue after the visibility timeout, restored by any Celery worker's sweep,
-  this one's included.
+  this one's included. While the queue has messages, the pop and the record are one
+  script (``coordinator/state/lane_take.lua``): one round trip, and no moment when a
+  message is only in this process; an empty queue is waited on with BRPOP, as kombu
+  does.
 - **The member's own body** (``workers.app.run_member``): the payload validated, the
   member run, its report; the report's script acknowledges the message in the same
   step. A message the report did not acknowledge (a malformed payload, another task's
@@ -49,6 +52,7 @@ from celery.worker import state as worker_state
 from coordinator.state import keys
 from coordinator.state.kombu_redis import ACK_SCRIPT, APPEND_SCRIPT
 from coordinator.state.lean import lean_for
+from coordinator.state.lua import lua
 from coordinator.state.memberops import BrokerAck
 from coordinator.state.scriptacks import SCRIPT_ACKS
 
@@ -172,6 +176,7 @@ class MemberLane:
         self._db = int(broker.connection_pool.connection_kwargs.get("db", 0))
         self._lean = lean_for(broker)
         self._append = self._lean.script(APPEND_SCRIPT)
+        self._take_script = self._lean.script(lua("lane_take"))
         self._ack = self._lean.script(ACK_SCRIPT)
         self._lists = priority_lists(queue)
         self._unacked = [keys.UNACKED_INDEX, keys.UNACKED_HASH]
@@ -228,15 +233,25 @@ class MemberLane:
 
     def _take(self) -> Delivery | None:
         """The next message, recorded in kombu's unacked index and hash; None: none came
-        within a poll (or the entry was not a message, which is dropped and logged)."""
+        within a poll (or the entry was not a message, which is dropped and logged).
+
+        While the queue has messages, one script pops and records each atomically
+        (lane_take.lua). An empty queue is waited on with BRPOP, which wakes one worker
+        per message (a wait that left the message in place would wake every idle worker
+        for each one); the message it pops is then recorded, as kombu records it."""
+        taken = self._take_script([*self._lists, *self._unacked], [repr(self.clock())])
+        if taken is not None:
+            list_key, raw, recorded = taken
+            if not int(recorded):
+                log.error("member lane: dropped an entry of %r: not a Celery message", list_key)
+                return None
+            return self._parsed(list_key, raw)
         got = self._lean.execute("BRPOP", *self._lists, self.poll_s)
         if not got:
             return None
         list_key, raw = got
-        try:
-            delivery = parse_entry(raw)
-        except BadMessage as exc:
-            log.error("member lane: dropped an entry of %r: %s", list_key, exc)
+        delivery = self._parsed(list_key, raw)
+        if delivery is None:
             return None
         info = delivery.delivery_info
         route = json.dumps([info["exchange"], info["routing_key"]])
@@ -244,6 +259,13 @@ class MemberLane:
         # message's JSON as it came (kombu reads it back with json.loads, as any JSON).
         entry = b"[" + raw + b", " + route[1:].encode()
         return delivery if self._record(delivery.tag, entry) else None
+
+    def _parsed(self, list_key: bytes, raw: bytes) -> Delivery | None:
+        try:
+            return parse_entry(raw)
+        except BadMessage as exc:
+            log.error("member lane: dropped an entry of %r: %s", list_key, exc)
+            return None
 
     def _record(self, tag: str, entry: bytes) -> bool:
         """The entry in kombu's unacked index and hash. A broker that fails here has
