@@ -26,7 +26,7 @@ from coordinator.state import keys
 from coordinator.state.broker import BROKER_TRANSPORT, celery_conf, with_db
 from coordinator.state.memberops import BrokerAck
 from coordinator.state.scriptacks import SCRIPT_ACKS
-from workers.lane import BadMessage, MemberLane, parse_entry, priority_lists, task_payload
+from workers.lane import BadMessage, MemberLane, parse_entry, task_payload
 
 QUEUE = keys.queue_for("lane-test")
 WAIT_S = 10.0
@@ -221,14 +221,14 @@ def restore_all(runtime_redis_url: str) -> None:
 def test_the_take_follows_kombus_priority_order(broker: redis.Redis, sender: Celery) -> None:
     later = sender.send_task(keys.MEMBER_TASK, args=[{"n": 9}], queue=QUEUE, priority=9).id
     first = sender.send_task(keys.MEMBER_TASK, args=[{"n": 0}], queue=QUEUE).id
-    assert broker.llen(priority_lists(QUEUE)[3]) == 1  # kombu put it on priority 9's list
+    assert broker.llen(keys.priority_lists(QUEUE)[3]) == 1  # kombu put it on priority 9's list
     taking = lane(broker, Runs())
     taken = [taking._take(), taking._take()]
     assert [d.task_id if d else None for d in taken] == [first, later]
 
 
 def test_the_queues_lists_are_kombus_priority_lists() -> None:
-    assert priority_lists("q") == ["q", "q\x06\x163", "q\x06\x166", "q\x06\x169"]
+    assert keys.priority_lists("q") == ["q", "q\x06\x163", "q\x06\x166", "q\x06\x169"]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The member lane: a zone's member tasks run without Celery's consumer (opt-in,
-``HacoSettings.member_lane``).
+"""The member lane: a zone's member tasks run without Celery's consumer
+(``HacoSettings.member_lane``, on by default).
 
 Of a member's CPU in its worker, Celery's consumer, strategy, request and tracer take
 more than half (py-spy, GIL samples): the hub's poll and BRPOP, decoding the message
@@ -27,9 +27,9 @@ Celery worker also runs), and does only what a member needs:
 
 The process stays a Celery worker (Flower lists it, remote control and heartbeats work,
 its channel sweeps expired unacked entries): its Celery consumer listens on
-:func:`coordinator.state.keys.lane_queue`, where nothing is sent. Flower does not see
-member tasks go through the lane (no task events): with ``task_events`` on the lane is
-not used.
+:func:`coordinator.state.keys.lane_queue`, where nothing is sent; its members are listed
+by Celery's ``active`` inspect command (:class:`LaneRequest`). Lane members send no task
+events, so with ``task_events`` on (Flower's task pages) the lane is not used.
 """
 
 from __future__ import annotations
@@ -58,17 +58,7 @@ from coordinator.state.scriptacks import SCRIPT_ACKS
 
 log = logging.getLogger(__name__)
 
-# kombu.transport.redis: a queue's lists, one per priority step (Channel.priority_steps,
-# its default), each named ``queue + sep + step`` but step 0's (Channel._q_for_pri).
-PRIORITY_STEPS = (0, 3, 6, 9)
-PRIORITY_SEP = "\x06\x16"
-
 RunMember = Callable[[Any, BrokerAck], None]  # (the task's payload, its message's ack)
-
-
-def priority_lists(queue: str) -> list[str]:
-    """The Redis lists of ``queue``, highest priority first, as kombu's BRPOP names them."""
-    return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +168,9 @@ class MemberLane:
         self._append = self._lean.script(APPEND_SCRIPT)
         self._take_script = self._lean.script(lua("lane_take"))
         self._ack = self._lean.script(ACK_SCRIPT)
-        self._lists = priority_lists(queue)
+        self._lists = keys.priority_lists(queue)
         self._unacked = [keys.UNACKED_INDEX, keys.UNACKED_HASH]
+        self._take_keys = [*self._lists, *self._unacked]  # lane_take.lua's KEYS
         self._free = threading.Semaphore(threads)
         self._stop = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
@@ -239,7 +230,7 @@ class MemberLane:
         (lane_take.lua). An empty queue is waited on with BRPOP, which wakes one worker
         per message (a wait that left the message in place would wake every idle worker
         for each one); the message it pops is then recorded, as kombu records it."""
-        taken = self._take_script([*self._lists, *self._unacked], [repr(self.clock())])
+        taken = self._take_script(self._take_keys, [repr(self.clock())])
         if taken is not None:
             list_key, raw, recorded = taken
             if not int(recorded):

@@ -44,8 +44,6 @@ from coordinator.state.codec import text
 from coordinator.state.keys import lane_queue, queue_for
 from coordinator.tracestore.db import connect
 
-PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: <queue><sep><priority>
-PRIORITY_STEPS = (3, 6, 9)
 STREAM_SCAN = 5000  # newest trace-stream entries read
 DB_LIMIT = 5000  # newest member rows read from the trace store
 SUPERVISOR_FILE = "supervisor.json"
@@ -123,11 +121,10 @@ def queue_depths(broker: redis.Redis, zones: Iterable[str]) -> dict[str, int]:
     zones = list(zones)
     pipe = broker.pipeline(transaction=False)
     for z in zones:
-        q = queue_for(z)
-        for name in (q, *(f"{q}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS)):
+        for name in keys.priority_lists(queue_for(z)):
             pipe.llen(name)
     counts = pipe.execute()
-    per = 1 + len(PRIORITY_STEPS)
+    per = len(keys.PRIORITY_STEPS)
     return {z: int(sum(counts[i * per : (i + 1) * per])) for i, z in enumerate(zones)}
 
 

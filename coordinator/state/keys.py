@@ -251,6 +251,19 @@ def queue_for(zone: str) -> str:
     return f"{ZONE_QUEUE_PREFIX}{zone}"
 
 
+# kombu's Redis transport keeps a queue in one list per priority step (its default
+# Channel.priority_steps), each named ``queue + sep + step`` but step 0's
+# (Channel._q_for_pri); BRPOP takes them in this order, highest priority first.
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"
+
+
+def priority_lists(queue: str) -> list[str]:
+    """List: a Celery queue's messages, one list per kombu priority step, highest priority
+    first. Writer: kombu (LPUSH), and coordinator.state.celery_wire; no TTL (kombu's)."""
+    return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
+
+
 def lane_queue(zone: str) -> str:
     """The Celery queue a member-lane worker's Celery consumer listens on while its lane
     (workers.lane) takes the zone's members: nothing is sent to it; it keeps the worker a
