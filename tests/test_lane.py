@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,11 +23,17 @@ from polling import wait_for
 from services import UNREACHABLE_REDIS_URL, flush_runtime_dbs
 
 from coordinator.config import HacoSettings
+from coordinator.runtime import liveness
 from coordinator.state import keys
 from coordinator.state.broker import BROKER_TRANSPORT, celery_conf, with_db
-from coordinator.state.memberops import BrokerAck
+from coordinator.state.cancelwatch import CancelWatcher
+from coordinator.state.memberops import BrokerAck, Started
 from coordinator.state.scriptacks import SCRIPT_ACKS
+from coordinator.state.store import RedisStore
+from schemas.enums import GroupSignal
+from schemas.models import BackendSpec, Candidate, MemberTask, Message
 from workers.lane import BadMessage, MemberLane, parse_entry, task_payload
+from workers.member import Beginning, LaneStarts, MemberContext
 
 QUEUE = keys.queue_for("lane-test")
 WAIT_S = 10.0
@@ -194,18 +201,25 @@ def test_a_message_that_comes_while_the_lane_waits_is_recorded_as_kombu_records_
     with ThreadPoolExecutor(max_workers=1) as pool:
         taken = pool.submit(waiting._take)
         wait_for(
-            "the lane's BRPOP", lambda: any(c["cmd"] == "brpop" for c in broker.client_list()),
+            "the lane's BRPOP", lambda: blocked_in_brpop(broker),
             WAIT_S,
         )  # fmt: skip
         task_id = sender.send_task(keys.MEMBER_TASK, args=[{"n": 3}], queue=QUEUE).id
-        delivery = taken.result(WAIT_S)
-    assert delivery is not None and delivery.task_id == task_id
+        got = taken.result(WAIT_S)
+    assert got is not None
+    delivery, begun = got
+    assert delivery.task_id == task_id and begun is None  # no starts: recorded alone
     assert unacked(broker) == ({delivery.tag.encode()}, {delivery.tag.encode()})
     restore_all(runtime_redis_url)
     restored = json.loads(broker.lindex(QUEUE, 0) or b"")
     assert restored["headers"]["id"] == task_id
     assert restored["properties"]["delivery_tag"] == delivery.tag
     assert task_payload(delivery.body) == {"n": 3}
+
+
+def blocked_in_brpop(broker: redis.Redis) -> bool:
+    """A client blocked in BRPOP now (CLIENT LIST's cmd is a client's last command)."""
+    return any(c["cmd"] == "brpop" and "b" in c["flags"] for c in broker.client_list())
 
 
 def restore_all(runtime_redis_url: str) -> None:
@@ -224,7 +238,7 @@ def test_the_take_follows_kombus_priority_order(broker: redis.Redis, sender: Cel
     assert broker.llen(keys.priority_lists(QUEUE)[3]) == 1  # kombu put it on priority 9's list
     taking = lane(broker, Runs())
     taken = [taking._take(), taking._take()]
-    assert [d.task_id if d else None for d in taken] == [first, later]
+    assert [t[0].task_id if t else None for t in taken] == [first, later]
 
 
 def test_the_queues_lists_are_kombus_priority_lists() -> None:
@@ -271,3 +285,89 @@ def test_the_fetcher_outlives_a_broker_that_fails_and_stops_cleanly(
         finally:
             lane_.stop(timeout_s=WAIT_S)
     assert not lane_._fetcher.is_alive() and runs.payloads == []
+
+
+# ---------------------------------------------------------------- the start in the record
+
+
+def member_payload(group_id: str) -> dict[str, Any]:
+    cand = Candidate(id="c0", role="coder", model="m", zone="lane-test",
+                     backend=BackendSpec(kind="http"))  # fmt: skip
+    now = time.time()
+    task = MemberTask(group_id=group_id, member_id=f"{group_id}.0", rank=0, candidate=cand,
+                      caller_zone="lane-test", payload=[Message(role="user", content="hi")],
+                      deadline_at_s=now + 30.0, enqueued_at_s=now)  # fmt: skip
+    return task.model_dump(mode="json")
+
+
+class NotedStarts(LaneStarts):
+    """The lane's real starts (workers.member.begin_member on a real store); the runs are
+    noted, not made."""
+
+    def __init__(self, store: RedisStore, watcher: CancelWatcher) -> None:
+        ctx = MemberContext(store=store, backends=lambda _t: None, settings=HacoSettings(),  # type: ignore[arg-type,return-value]
+                            cancels=watcher)  # fmt: skip
+        super().__init__(lambda: ctx)
+        self.watcher = watcher
+
+    def run(self, b: Beginning, ack: BrokerAck) -> None:
+        pass
+
+
+@pytest.fixture
+def starts(runtime_redis_url: str) -> Iterator[NotedStarts]:
+    app = redis.Redis.from_url(with_db(runtime_redis_url, keys.APP_DB))
+    yield NotedStarts(RedisStore(app), CancelWatcher())
+    app.close()
+
+
+def take_while_waiting(broker: redis.Redis, sender: Celery, starts: NotedStarts,
+                       payload: Any) -> tuple[Any, Beginning | None]:  # fmt: skip
+    waiting = MemberLane(broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=1,
+                         poll_s=WAIT_S, starts=starts)  # fmt: skip
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        taken = pool.submit(waiting._take)
+        wait_for(
+            "the lane's BRPOP", lambda: blocked_in_brpop(broker),
+            WAIT_S,
+        )  # fmt: skip
+        sender.send_task(keys.MEMBER_TASK, args=[payload], queue=QUEUE)
+        got = taken.result(WAIT_S)
+    assert got is not None
+    delivery, begun = got
+    assert unacked(broker) == ({delivery.tag.encode()}, {delivery.tag.encode()})
+    return delivery, begun
+
+
+@pytest.mark.parametrize("signal", [GroupSignal.OPEN, GroupSignal.RESOLVED])
+def test_a_member_that_wakes_an_idle_lane_starts_in_its_records_round_trip(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts, signal: GroupSignal
+) -> None:
+    starts.context().store.set_group_state("g-lane", signal, 60.0)
+    _, begun = take_while_waiting(broker, sender, starts, member_payload("g-lane"))
+    assert begun is not None and begun.task.member_id == "g-lane.0"
+    assert (begun.state, begun.started) == (signal, Started.RUN)
+    # The start claimed (as the member's own start claims it), the watch registered first.
+    claim = starts.context().store.claim_idempotency(begun.start.start_claim, "other", 60.0)
+    assert claim == liveness.WORKER
+    assert starts.watcher.running_groups() == ["g-lane"]
+    begun.close()
+    assert starts.watcher.running_groups() == []
+
+
+@pytest.mark.parametrize("signal", [GroupSignal.CANCELLED, None])
+def test_a_member_of_a_cancelled_or_gone_group_is_recorded_and_not_started(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts, signal: GroupSignal | None
+) -> None:
+    if signal is not None:
+        starts.context().store.set_group_state("g-lane", signal, 60.0)
+    _, begun = take_while_waiting(broker, sender, starts, member_payload("g-lane"))
+    assert begun is not None and (begun.state, begun.started) == (signal, Started.NOT_STARTED)
+
+
+def test_a_payload_that_is_no_members_is_recorded_alone_and_run_as_it_comes(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts
+) -> None:
+    delivery, begun = take_while_waiting(broker, sender, starts, {"n": 3})
+    assert begun is None and task_payload(delivery.body) == {"n": 3}
+    assert starts.watcher.running_groups() == []

@@ -60,7 +60,7 @@ from workers.judge import (
 )
 from workers.lane import MemberLane, lane_step
 from workers.maintenance import register_maintenance
-from workers.member import MemberContext, execute_member
+from workers.member import LaneStarts, MemberContext, execute_member
 from workers.probe import Probing
 
 # A judge task that finds no member row (not harvested yet), or cannot reach Postgres or
@@ -338,7 +338,8 @@ def create_app(settings: HacoSettings, redis_url: str, member_lane: str | None =
             broker = redis.Redis.from_url(with_db(redis_url, keys.BROKER_DB))
             run = functools.partial(run_member, runtime)
             return MemberLane(broker, lane_queue, run, task_name=MEMBER_TASK, threads=threads,
-                              poll_s=settings.member_lane_poll_s, hostname=hostname)  # fmt: skip
+                              poll_s=settings.member_lane_poll_s, hostname=hostname,
+                              starts=LaneStarts(runtime.context))  # fmt: skip
 
         app.steps["worker"].add(lane_step(make_lane))
 

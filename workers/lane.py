@@ -17,7 +17,10 @@ Celery worker also runs), and does only what a member needs:
   this one's included. While the queue has messages, the pop and the record are one
   script (``coordinator/state/lane_take.lua``): one round trip, and no moment when a
   message is only in this process; an empty queue is waited on with BRPOP, as kombu
-  does.
+  does, and the message it pops is recorded in the same round trip as the member's
+  start (``coordinator/state/lane_start.lua``: the start ``workers.member`` would make
+  first thing): an idle worker's member, the one a caller waits on, starts one round trip
+  sooner.
 - **The member's own body** (``workers.app.run_member``): the payload validated, the
   member run, its report; the report's script acknowledges the message in the same
   step. A message the report did not acknowledge (a malformed payload, another task's
@@ -43,7 +46,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from celery import bootsteps
@@ -53,12 +56,24 @@ from coordinator.state import keys
 from coordinator.state.kombu_redis import ACK_SCRIPT, APPEND_SCRIPT
 from coordinator.state.lean import lean_for
 from coordinator.state.lua import lua
-from coordinator.state.memberops import BrokerAck
+from coordinator.state.memberops import BrokerAck, lane_start_script, start_call, started_of
 from coordinator.state.scriptacks import SCRIPT_ACKS
+from workers.member import Beginning
 
 log = logging.getLogger(__name__)
 
 RunMember = Callable[[Any, BrokerAck], None]  # (the task's payload, its message's ack)
+
+
+class Starts(Protocol):
+    """Members started in the round trip that records their message (workers.app)."""
+
+    def begin(self, payload: Any) -> Beginning | None:
+        """The member's start to make (its cancel watch registered); None: the payload
+        is not a member's, and :data:`RunMember` deals with it as it comes."""
+
+    def run(self, b: Beginning, ack: BrokerAck) -> None:
+        """Run the member whose start was made."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +166,8 @@ class MemberLane:
         poll_s: float,
         hostname: str = "",
         clock: Callable[[], float] = time.time,
+        starts: Starts | None = None,
+        app_db: int = keys.APP_DB,
     ) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads!r}")
@@ -163,9 +180,11 @@ class MemberLane:
         self.queue, self.run, self.task_name = queue, run, task_name
         self.threads, self.poll_s, self.clock = threads, poll_s, clock
         self.hostname = hostname  # the worker's node name, as its requests show it
+        self.starts, self.app_db = starts, app_db  # app_db: the members' state's database
         self._db = int(broker.connection_pool.connection_kwargs.get("db", 0))
         self._lean = lean_for(broker)
         self._append = self._lean.script(APPEND_SCRIPT)
+        self._append_start = self._lean.script(lane_start_script())
         self._take_script = self._lean.script(lua("lane_take"))
         self._ack = self._lean.script(ACK_SCRIPT)
         self._lists = keys.priority_lists(queue)
@@ -212,8 +231,10 @@ class MemberLane:
                 self._free.release()
                 continue
             try:
-                self._pool_or_fail().submit(self._run, taken)
+                self._pool_or_fail().submit(self._run, *taken)
             except RuntimeError:  # terminated meanwhile: it stays unacked, restored later
+                if taken[1] is not None:
+                    taken[1].close()
                 self._free.release()
                 return
 
@@ -222,21 +243,24 @@ class MemberLane:
             raise RuntimeError("the lane is not started")
         return self._pool
 
-    def _take(self) -> Delivery | None:
-        """The next message, recorded in kombu's unacked index and hash; None: none came
-        within a poll (or the entry was not a message, which is dropped and logged).
+    def _take(self) -> tuple[Delivery, Beginning | None] | None:
+        """The next message, recorded in kombu's unacked index and hash, and the member's
+        start when it was made here; None: none came within a poll (or the entry was not
+        a message, which is dropped and logged).
 
         While the queue has messages, one script pops and records each atomically
         (lane_take.lua). An empty queue is waited on with BRPOP, which wakes one worker
         per message (a wait that left the message in place would wake every idle worker
-        for each one); the message it pops is then recorded, as kombu records it."""
+        for each one); the message it pops is then recorded, as kombu records it, in the
+        round trip that makes the member's start (lane_start.lua)."""
         taken = self._take_script(self._take_keys, [repr(self.clock())])
         if taken is not None:
             list_key, raw, recorded = taken
             if not int(recorded):
                 log.error("member lane: dropped an entry of %r: not a Celery message", list_key)
                 return None
-            return self._parsed(list_key, raw)
+            delivery = self._parsed(list_key, raw)
+            return None if delivery is None else (delivery, None)
         got = self._lean.execute("BRPOP", *self._lists, self.poll_s)
         if not got:
             return None
@@ -249,7 +273,12 @@ class MemberLane:
         # kombu's QoS.append: [message, exchange, routing key], by delivery time; the
         # message's JSON as it came (kombu reads it back with json.loads, as any JSON).
         entry = b"[" + raw + b", " + route[1:].encode()
-        return delivery if self._record(delivery.tag, entry) else None
+        begun = self._begin(delivery)
+        if self._record(delivery.tag, entry, begun):
+            return delivery, begun
+        if begun is not None:
+            begun.close()
+        return None
 
     def _parsed(self, list_key: bytes, raw: bytes) -> Delivery | None:
         try:
@@ -258,13 +287,33 @@ class MemberLane:
             log.error("member lane: dropped an entry of %r: %s", list_key, exc)
             return None
 
-    def _record(self, tag: str, entry: bytes) -> bool:
-        """The entry in kombu's unacked index and hash. A broker that fails here has
-        the message only in this process (kombu's consumer would drop it): the write is
-        retried until it succeeds, or the lane stops (then it is lost, and logged)."""
+    def _begin(self, d: Delivery) -> Beginning | None:
+        """The start of the member ``d`` carries, to make with its record; None: it is
+        recorded alone and runs as it comes (not a member, or not one to start here)."""
+        if self.starts is None or d.task != self.task_name:
+            return None
+        try:
+            return self.starts.begin(task_payload(d.body))
+        except BadMessage:
+            return None  # its run logs it and acknowledges it
+
+    def _record(self, tag: str, entry: bytes, begun: Beginning | None = None) -> bool:
+        """The entry in kombu's unacked index and hash (and ``begun``'s start, its answer
+        set on it). A broker that fails here has the message only in this process
+        (kombu's consumer would drop it): the write is retried until it succeeds, or the
+        lane stops (then it is lost, and logged). A retried start finds its own claim
+        and starts as the first try would have."""
         while True:
             try:
-                self._append(self._unacked, [repr(self.clock()), tag, entry])
+                if begun is None:
+                    self._append(self._unacked, [repr(self.clock()), tag, entry])
+                else:
+                    names, args = start_call(begun.start)
+                    reply = self._append_start(
+                        [*self._unacked, *names],
+                        [repr(self.clock()), tag, entry, self.app_db, *args],
+                    )
+                    begun.state, begun.started = started_of(reply)
                 return True
             except redis.RedisError as exc:
                 log.warning("member lane: could not record %s (%s); retrying", tag, exc)
@@ -272,7 +321,7 @@ class MemberLane:
                     log.error("member lane: message %s lost: the broker failed at a stop", tag)
                     return False
 
-    def _run(self, d: Delivery) -> None:
+    def _run(self, d: Delivery, begun: Beginning | None = None) -> None:
         request = LaneRequest(d, self.hostname, self.clock())
         worker_state.active_requests.add(request)
         try:
@@ -280,11 +329,15 @@ class MemberLane:
                 # What Celery does with a task it does not know: log it, acknowledge it.
                 log.error("member lane: task %r on %s is not %s; dropped", d.task, self.queue,
                           self.task_name)  # fmt: skip
+            elif begun is not None and self.starts is not None:
+                self.starts.run(begun, BrokerAck(self._db, d.tag))
             else:
                 self.run(task_payload(d.body), BrokerAck(self._db, d.tag))
         except Exception:
             log.exception("member lane: message %s failed", d.tag)
         finally:
+            if begun is not None:
+                begun.close()  # run_begun closed it; a run that never came did not
             worker_state.active_requests.discard(request)
             self._acknowledge(d.tag)
             self._free.release()

@@ -6,7 +6,9 @@ member never starts; nor one past its deadline), run the backend with a cooperat
 cancel check, commit the side effect at most once per idempotency key, then report:
 the reply first (it is on the caller's critical path), then the shared profiles, the
 hedge-delay window and the trace stream (harvesting). The start and the report are one
-Redis round trip each (coordinator.state.memberops). Last, a success that came back
+Redis round trip each (coordinator.state.memberops); a member that wakes an idle member
+lane makes its start in the lane's round trip that records its message instead
+(:func:`begin_member`, :func:`run_begun`: workers.lane). Last, a success that came back
 without a judged quality (a real backend) goes to the judge, when one is configured.
 """
 
@@ -17,6 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from coordinator.config import HacoSettings
 from coordinator.core.evidence import link_id
 from coordinator.core.observations import observations
@@ -25,7 +29,7 @@ from coordinator.core.profiles import LinkObservation
 from coordinator.errors import StoreError
 from coordinator.runtime import liveness
 from coordinator.runtime.ports import DelayWindow, RuntimeStore
-from coordinator.state.cancelwatch import CancelWatcher
+from coordinator.state.cancelwatch import CancelWatcher, Watch
 from coordinator.state.memberops import (
     BrokerAck,
     MemberOutcome,
@@ -120,6 +124,70 @@ def _report(
     )
 
 
+@dataclass(slots=True)
+class Beginning:
+    """A member's start made outside its run: the member lane, woken by a message, records
+    it and makes its start in one round trip (workers.lane), then runs it
+    (:func:`run_begun`). Its cancel watch is registered before the start reads the group's
+    signal, as :func:`execute_member` registers it; ``state`` and ``started`` are the
+    start's answer, set once it came."""
+
+    task: MemberTask
+    now: float  # the member's start, as its trace records it
+    start: MemberStart
+    watch: Watch | None = None
+    state: GroupSignal | None = None
+    started: Started = Started.NOT_STARTED
+
+    def close(self) -> None:
+        """Release the watch (after the run, or when the member never runs here)."""
+        if self.watch is not None:
+            self.watch.close()
+
+
+def _start_of(task: MemberTask, ctx: MemberContext, now: float) -> MemberStart:
+    """The member's one read of its group, its start claim and its started token."""
+    token, delay_s = liveness.started_token(task.rank), ctx.settings.started_notice_delay_s
+    return MemberStart(
+        task.group_id, liveness.start_key(task.member_id), token if delay_s <= 0 else "",
+        liveness.WORKER, now > task.deadline_at_s, ctx.settings.group_ttl_s,
+    )  # fmt: skip
+
+
+def begin_member(task: MemberTask, ctx: MemberContext) -> Beginning:
+    """``task``'s start, for a caller that makes it in its own round trip: the watch first."""
+    watch = ctx.cancels.watch(task.group_id) if ctx.cancels is not None else None
+    now = ctx.clock()
+    return Beginning(task, now, _start_of(task, ctx, now), watch)
+
+
+def run_begun(b: Beginning, ctx: MemberContext, ack: BrokerAck | None = None) -> MemberReport:
+    """Run a member whose start was made (:func:`begin_member`) to its report."""
+    try:
+        stop = b.watch if b.watch is not None else _polling(ctx.store, b.task.group_id)
+        return _execute(b.task, ctx, stop, ack, b)
+    finally:
+        b.close()
+
+
+class LaneStarts:
+    """The member lane's starts (workers.lane.Starts): a member that wakes an idle worker
+    is validated in the fetcher and starts in the round trip that records its message."""
+
+    def __init__(self, context: Callable[[], MemberContext]) -> None:
+        self.context = context
+
+    def begin(self, payload: object) -> Beginning | None:
+        try:
+            task = MemberTask.model_validate(payload)
+        except ValidationError:
+            return None  # its plain run (workers.app.run_member) logs it and drops it
+        return begin_member(task, self.context())
+
+    def run(self, b: Beginning, ack: BrokerAck) -> None:
+        run_begun(b, self.context(), ack)
+
+
 def execute_member(
     task: MemberTask, ctx: MemberContext, ack: BrokerAck | None = None
 ) -> MemberReport:
@@ -138,17 +206,21 @@ def _polling(store: RuntimeStore, group_id: str) -> StopCheck:
 
 
 def _execute(
-    task: MemberTask, ctx: MemberContext, should_stop: StopCheck, ack: BrokerAck | None
+    task: MemberTask,
+    ctx: MemberContext,
+    should_stop: StopCheck,
+    ack: BrokerAck | None,
+    begun: Beginning | None = None,
 ) -> MemberReport:
-    store, now = ctx.store, ctx.clock()
-    # The member's one read of its group, its start claim and its started token: one
-    # round trip (coordinator.state.memberops).
+    store = ctx.store
+    if begun is None:
+        # The member's one read of its group, its start claim and its started token: one
+        # round trip (coordinator.state.memberops).
+        now = ctx.clock()
+        state, started = store.start_member(_start_of(task, ctx, now))
+    else:  # made already, in the round trip that took its message (workers.lane)
+        now, state, started = begun.now, begun.state, begun.started
     token, delay_s = liveness.started_token(task.rank), ctx.settings.started_notice_delay_s
-    start = MemberStart(
-        task.group_id, liveness.start_key(task.member_id), token if delay_s <= 0 else "",
-        liveness.WORKER, now > task.deadline_at_s, ctx.settings.group_ttl_s,
-    )  # fmt: skip
-    state, started = store.start_member(start)
     if started is not Started.RUN:
         # Never started. Its reply still goes back so a waiting coordinator knows; no
         # profile learns from a call that did not happen.

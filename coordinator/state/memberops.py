@@ -1,7 +1,9 @@
 """A member's two writes on the worker's hot path, one Redis round trip each.
 
-- :meth:`RedisMemberOps.start_member` (``member_start.lua``): the group's signal, the
-  start claim and the started token.
+- :meth:`RedisMemberOps.start_member` (``start_claim.lua`` + ``member_start.lua``): the
+  group's signal, the start claim and the started token. An idle member lane makes the
+  same start in the round trip that records the member's message (``lane_start.lua``,
+  :func:`start_call`).
 - :meth:`RedisMemberOps.report_member` (``profile_fold.lua`` + ``member_report.lua``):
   the reply, the outcome claim, the hedge-delay sample, the profile fold into the
   current epoch's deltas and the trace, atomically. The fold runs in the script, so
@@ -127,6 +129,32 @@ def legs_json(legs: Sequence[LinkObservation]) -> str:
     )  # fmt: skip
 
 
+def start_script() -> str:
+    """The text of a member's start script: the start's function, then the call."""
+    return lua("start_claim") + lua("member_start")
+
+
+def lane_start_script() -> str:
+    """The member lane's record-and-start script (workers.lane): the start's function,
+    then the record in kombu's unacked index and hash and the start."""
+    return lua("start_claim") + lua("lane_start")
+
+
+def start_call(s: MemberStart) -> tuple[list[str], list[str | int]]:
+    """A start's keys and arguments, as the start function takes them (both scripts)."""
+    names = [keys.group_state(s.group_id), keys.idempotency(s.start_claim),
+             keys.group_replies(s.group_id)]  # fmt: skip
+    args: list[str | int] = [s.owner, max(1, int(s.ttl_s * _MS)), s.started_token,
+                             int(s.past_deadline)]  # fmt: skip
+    return names, args
+
+
+def started_of(reply: Sequence[Any]) -> tuple[GroupSignal | None, Started]:
+    """A start script's reply: the group's signal and whether the member runs."""
+    state, code = reply
+    return _signal(state), Started(int(code))
+
+
 def report_script() -> str:
     """The text of a member's report script: the fold's functions, then the report."""
     return lua("profile_fold") + lua("member_report")
@@ -155,26 +183,16 @@ class RedisMemberOps:
     def _init_member_ops(self, client: redis.Redis) -> None:
         """Register the two scripts (EVALSHA: their text is sent once): the store's init."""
         lean = lean_for(client)  # EVALSHA without redis-py's per-command path
-        self._start_script = lean.script(lua("member_start"))
+        self._start_script = lean.script(start_script())
         self._report_script = lean.script(report_script())
 
     def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]:
         """The group's signal at the start, and whether the member runs."""
+        names, args = start_call(s)
         script = self._start_script
-        names = [keys.group_state(s.group_id), keys.idempotency(s.start_claim),
-                 keys.group_replies(s.group_id)]  # fmt: skip
-        args: list[str | int] = [
-            s.owner,
-            max(1, int(s.ttl_s * _MS)),
-            s.started_token,
-            int(s.past_deadline),
-        ]
-
-        def run() -> tuple[GroupSignal | None, Started]:
-            state, code = script(keys=names, args=args)
-            return _signal(state), Started(int(code))
-
-        result: tuple[GroupSignal | None, Started] = self._guard("start a member", run)
+        result: tuple[GroupSignal | None, Started] = self._guard(
+            "start a member", lambda: started_of(script(keys=names, args=args))
+        )
         return result
 
     def report_member(
