@@ -206,8 +206,8 @@ def test_a_message_that_comes_while_the_lane_waits_is_recorded_as_kombu_records_
         )  # fmt: skip
         task_id = sender.send_task(keys.MEMBER_TASK, args=[{"n": 3}], queue=QUEUE).id
         got = taken.result(WAIT_S)
-    assert got is not None
-    delivery, begun = got
+    assert len(got) == 1  # one message sent: one taken
+    ((delivery, begun),) = got
     assert delivery.task_id == task_id and begun is None  # no starts: recorded alone
     assert unacked(broker) == ({delivery.tag.encode()}, {delivery.tag.encode()})
     restore_all(runtime_redis_url)
@@ -237,8 +237,8 @@ def test_the_take_follows_kombus_priority_order(broker: redis.Redis, sender: Cel
     first = sender.send_task(keys.MEMBER_TASK, args=[{"n": 0}], queue=QUEUE).id
     assert broker.llen(keys.priority_lists(QUEUE)[3]) == 1  # kombu put it on priority 9's list
     taking = lane(broker, Runs())
-    taken = [taking._take(), taking._take()]
-    assert [t[0].task_id if t else None for t in taken] == [first, later]
+    taken = [*taking._take(), *taking._take()]
+    assert [d.task_id for d, _ in taken] == [first, later]
 
 
 def test_the_queues_lists_are_kombus_priority_lists() -> None:
@@ -333,8 +333,8 @@ def take_while_waiting(broker: redis.Redis, sender: Celery, starts: NotedStarts,
         )  # fmt: skip
         sender.send_task(keys.MEMBER_TASK, args=[payload], queue=QUEUE)
         got = taken.result(WAIT_S)
-    assert got is not None
-    delivery, begun = got
+    assert len(got) == 1  # one message sent: one taken
+    ((delivery, begun),) = got
     assert unacked(broker) == ({delivery.tag.encode()}, {delivery.tag.encode()})
     return delivery, begun
 
@@ -371,3 +371,42 @@ def test_a_payload_that_is_no_members_is_recorded_alone_and_run_as_it_comes(
     delivery, begun = take_while_waiting(broker, sender, starts, {"n": 3})
     assert begun is None and task_payload(delivery.body) == {"n": 3}
     assert starts.watcher.running_groups() == []
+
+
+def two_sent_at_once(broker: redis.Redis, sender: Celery, payloads: list[Any]) -> list[str]:
+    """The messages of ``payloads`` pushed onto the queue in one step (as a group's
+    members are sent: coordinator.runtime.dispatch), their task ids in queue order."""
+    scratch = keys.queue_for("lane-scratch")
+    ids = [sender.send_task(keys.MEMBER_TASK, args=[p], queue=scratch).id for p in payloads]
+    raws = broker.lrange(scratch, 0, -1)[::-1]  # oldest first
+    broker.delete(scratch)
+    pipe = broker.pipeline(transaction=True)
+    for raw in raws:
+        pipe.lpush(QUEUE, raw)
+    pipe.execute()
+    return ids
+
+
+@pytest.mark.parametrize("threads_free", [2, 1])
+def test_the_message_after_the_one_that_woke_the_lane_is_taken_with_it_while_a_thread_is_free(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts, threads_free: int
+) -> None:
+    starts.context().store.set_group_state("g-two", GroupSignal.OPEN, 60.0)
+    waiting = MemberLane(broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=2,
+                         poll_s=WAIT_S, starts=starts)  # fmt: skip
+    waiting._free.acquire()  # the fetcher's own, as its loop holds it
+    if threads_free == 1:
+        waiting._free.acquire()  # the other thread is busy
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        taken = pool.submit(waiting._take)
+        wait_for("the lane's BRPOP", lambda: blocked_in_brpop(broker), WAIT_S)
+        ids = two_sent_at_once(broker, sender, [member_payload("g-two"), {"n": 2}])
+        got = taken.result(WAIT_S)
+    assert [d.task_id for d, _ in got] == ids[:threads_free]
+    _, begun = got[0]
+    assert begun is not None and begun.started is Started.RUN
+    tags = {d.tag.encode() for d, _ in got}
+    assert unacked(broker) == (tags, tags)
+    assert broker.llen(QUEUE) == 2 - threads_free  # the other waits for a free thread
+    assert not waiting._free.acquire(blocking=False)  # a thread held for each one taken
+    begun.close()

@@ -55,8 +55,13 @@ from celery.worker import state as worker_state
 from coordinator.state import keys
 from coordinator.state.kombu_redis import ACK_SCRIPT, APPEND_SCRIPT
 from coordinator.state.lean import lean_for
-from coordinator.state.lua import lua
-from coordinator.state.memberops import BrokerAck, lane_start_script, start_call, started_of
+from coordinator.state.memberops import (
+    BrokerAck,
+    lane_start_script,
+    lane_take_script,
+    start_call,
+    started_of,
+)
 from coordinator.state.scriptacks import SCRIPT_ACKS
 from workers.member import Beginning
 
@@ -86,6 +91,9 @@ class Delivery:
     task_id: str = ""  # headers.id
     argsrepr: str = ""  # headers.argsrepr
     delivery_info: dict[str, Any] = field(default_factory=dict)
+
+
+Taken = tuple["Delivery", Beginning | None]  # a message, and its member's start if made
 
 
 class LaneRequest:
@@ -185,7 +193,7 @@ class MemberLane:
         self._lean = lean_for(broker)
         self._append = self._lean.script(APPEND_SCRIPT)
         self._append_start = self._lean.script(lane_start_script())
-        self._take_script = self._lean.script(lua("lane_take"))
+        self._take_script = self._lean.script(lane_take_script())
         self._ack = self._lean.script(ACK_SCRIPT)
         self._lists = keys.priority_lists(queue)
         self._unacked = [keys.UNACKED_INDEX, keys.UNACKED_HASH]
@@ -224,61 +232,77 @@ class MemberLane:
             try:
                 taken = self._take()
             except Exception as exc:  # the fetcher must outlive any one failure
-                taken = None
+                taken = []
                 log.warning("member lane: fetch failed (%s); again in %.1f s", exc, self.poll_s)
                 self._stop.wait(self.poll_s)
-            if taken is None:
+            if not taken:
                 self._free.release()
                 continue
-            try:
-                self._pool_or_fail().submit(self._run, *taken)
-            except RuntimeError:  # terminated meanwhile: it stays unacked, restored later
-                if taken[1] is not None:
-                    taken[1].close()
-                self._free.release()
-                return
+            for i, (delivery, begun) in enumerate(taken):  # a thread held for each
+                try:
+                    self._pool_or_fail().submit(self._run, delivery, begun)
+                except RuntimeError:  # terminated meanwhile: unacked, restored later
+                    for _, left in taken[i:]:
+                        if left is not None:
+                            left.close()
+                    self._free.release(len(taken) - i)
+                    return
 
     def _pool_or_fail(self) -> ThreadPoolExecutor:
         if self._pool is None:
             raise RuntimeError("the lane is not started")
         return self._pool
 
-    def _take(self) -> tuple[Delivery, Beginning | None] | None:
-        """The next message, recorded in kombu's unacked index and hash, and the member's
-        start when it was made here; None: none came within a poll (or the entry was not
-        a message, which is dropped and logged).
+    def _take(self) -> list[Taken]:
+        """The next messages, each recorded in kombu's unacked index and hash, with the
+        member's start when it was made here; none: none came within a poll (or the
+        entry was not a message, which is dropped and logged). The caller holds a free
+        thread for the first; one taken with it holds another, taken here.
 
         While the queue has messages, one script pops and records each atomically
         (lane_take.lua). An empty queue is waited on with BRPOP, which wakes one worker
         per message (a wait that left the message in place would wake every idle worker
         for each one); the message it pops is then recorded, as kombu records it, in the
-        round trip that makes the member's start (lane_start.lua)."""
-        taken = self._take_script(self._take_keys, [repr(self.clock())])
-        if taken is not None:
-            list_key, raw, recorded = taken
-            if not int(recorded):
-                log.error("member lane: dropped an entry of %r: not a Celery message", list_key)
-                return None
-            delivery = self._parsed(list_key, raw)
-            return None if delivery is None else (delivery, None)
+        round trip that makes the member's start (lane_start.lua) and, while another
+        thread is free, takes the next message as lane_take.lua would: a group's members
+        sent together start together."""
+        got = self._take_script(self._take_keys, [repr(self.clock())])
+        if got is not None:
+            return self._taken(got)
         got = self._lean.execute("BRPOP", *self._lists, self.poll_s)
         if not got:
-            return None
+            return []
         list_key, raw = got
         delivery = self._parsed(list_key, raw)
         if delivery is None:
-            return None
+            return []
         info = delivery.delivery_info
         route = json.dumps([info["exchange"], info["routing_key"]])
         # kombu's QoS.append: [message, exchange, routing key], by delivery time; the
         # message's JSON as it came (kombu reads it back with json.loads, as any JSON).
         entry = b"[" + raw + b", " + route[1:].encode()
         begun = self._begin(delivery)
-        if self._record(delivery.tag, entry, begun):
-            return delivery, begun
-        if begun is not None:
-            begun.close()
-        return None
+        more = begun is not None and self._free.acquire(blocking=False)
+        recorded, following = self._record(delivery.tag, entry, begun, more)
+        if not recorded:
+            if begun is not None:
+                begun.close()
+            if more:
+                self._free.release()
+            return []
+        taken_more = self._taken(following) if following is not None else []
+        if more and not taken_more:
+            self._free.release()
+        return [(delivery, begun), *taken_more]
+
+    def _taken(self, got: Any) -> list[Taken]:
+        """take_next.lua's answer: the message it took, or none (dropped and logged)."""
+        list_key, raw, recorded = got
+        if not int(recorded):
+            log.error("member lane: dropped an entry of %r: not a Celery message", list_key)
+            return []
+        delivery = self._parsed(list_key, raw)
+        return [] if delivery is None else [(delivery, None)]
 
     def _parsed(self, list_key: bytes, raw: bytes) -> Delivery | None:
         try:
@@ -297,29 +321,32 @@ class MemberLane:
         except BadMessage:
             return None  # its run logs it and acknowledges it
 
-    def _record(self, tag: str, entry: bytes, begun: Beginning | None = None) -> bool:
+    def _record(
+        self, tag: str, entry: bytes, begun: Beginning | None = None, more: bool = False
+    ) -> tuple[bool, Any]:
         """The entry in kombu's unacked index and hash (and ``begun``'s start, its answer
-        set on it). A broker that fails here has the message only in this process
-        (kombu's consumer would drop it): the write is retried until it succeeds, or the
-        lane stops (then it is lost, and logged). A retried start finds its own claim
-        and starts as the first try would have."""
+        set on it, and with ``more`` the next message's take, returned). A broker that
+        fails here has the message only in this process (kombu's consumer would drop
+        it): the write is retried until it succeeds, or the lane stops (then it is lost,
+        and logged). A retried start finds its own claim and starts as the first try
+        would have; a next message a failed try took stays unacked, restored later."""
         while True:
             try:
                 if begun is None:
                     self._append(self._unacked, [repr(self.clock()), tag, entry])
-                else:
-                    names, args = start_call(begun.start)
-                    reply = self._append_start(
-                        [*self._unacked, *names],
-                        [repr(self.clock()), tag, entry, self.app_db, *args],
-                    )
-                    begun.state, begun.started = started_of(reply)
-                return True
+                    return True, None
+                names, args = start_call(begun.start)
+                reply = self._append_start(
+                    [*self._unacked, *names, *(self._lists if more else ())],
+                    [repr(self.clock()), tag, entry, self.app_db, *args],
+                )
+                begun.state, begun.started = started_of(reply)
+                return True, reply[2]
             except redis.RedisError as exc:
                 log.warning("member lane: could not record %s (%s); retrying", tag, exc)
                 if self._stop.wait(self.poll_s):
                     log.error("member lane: message %s lost: the broker failed at a stop", tag)
-                    return False
+                    return False, None
 
     def _run(self, d: Delivery, begun: Beginning | None = None) -> None:
         request = LaneRequest(d, self.hostname, self.clock())

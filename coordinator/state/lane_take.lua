@@ -1,32 +1,6 @@
--- The member lane's take under load (workers/lane.py): the next message of a queue's
--- lists, highest priority first, popped and recorded in kombu's unacked index and hash in
--- one atomic step, as kombu's QoS.append records it ([message, exchange, routing key] by
--- delivery time), in one round trip instead of kombu's two (BRPOP, then the record: a
--- worker that dies between them loses the message; here nothing is ever only popped).
+-- The member lane's take under load (the function: take_next.lua above).
 -- KEYS: the queue's lists in kombu's priority order, then the unacked index and hash.
--- ARGV: the delivery time (the worker's clock, as kombu's).
--- Returns nil when every list is empty, else {list, message, 1 recorded | 0 not a Celery
--- message (popped and not recorded: the lane logs and drops it)}.
-local function str(x)
-  if type(x) == 'string' then return x end
-  return ''
-end
-local n = #KEYS - 2
-for i = 1, n do
-  local raw = redis.call('RPOP', KEYS[i])
-  if raw then
-    local ok, m = pcall(cjson.decode, raw)
-    local props = ok and type(m) == 'table' and m.properties
-    if type(props) ~= 'table' or type(props.delivery_tag) ~= 'string' then
-      return {KEYS[i], raw, 0}
-    end
-    local info = props.delivery_info
-    if type(info) ~= 'table' then info = {} end
-    local entry = '[' .. raw .. ', ' .. cjson.encode(str(info.exchange)) .. ', '
-      .. cjson.encode(str(info.routing_key)) .. ']'
-    redis.call('ZADD', KEYS[n + 1], ARGV[1], props.delivery_tag)
-    redis.call('HSET', KEYS[n + 2], props.delivery_tag, entry)
-    return {KEYS[i], raw, 1}
-  end
-end
-return nil
+-- ARGV: the delivery time.
+local lists = {}
+for i = 1, #KEYS - 2 do lists[i] = KEYS[i] end
+return take_next(lists, KEYS[#KEYS - 1], KEYS[#KEYS], ARGV[1])

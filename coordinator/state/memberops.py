@@ -134,10 +134,16 @@ def start_script() -> str:
     return lua("start_claim") + lua("member_start")
 
 
+def lane_take_script() -> str:
+    """The member lane's take under load (workers.lane): the take's function, then the
+    call."""
+    return lua("take_next") + lua("lane_take")
+
+
 def lane_start_script() -> str:
-    """The member lane's record-and-start script (workers.lane): the start's function,
-    then the record in kombu's unacked index and hash and the start."""
-    return lua("start_claim") + lua("lane_start")
+    """The member lane's record-and-start script (workers.lane): the start's and the
+    take's functions, then the record, the next message's take and the start."""
+    return lua("start_claim") + lua("take_next") + lua("lane_start")
 
 
 def start_call(s: MemberStart) -> tuple[list[str], list[str | int]]:
@@ -151,8 +157,7 @@ def start_call(s: MemberStart) -> tuple[list[str], list[str | int]]:
 
 def started_of(reply: Sequence[Any]) -> tuple[GroupSignal | None, Started]:
     """A start script's reply: the group's signal and whether the member runs."""
-    state, code = reply
-    return _signal(state), Started(int(code))
+    return _signal(reply[0]), Started(int(reply[1]))
 
 
 def report_script() -> str:
