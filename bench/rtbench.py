@@ -82,23 +82,35 @@ def _breakdown(t0: float, t1: float, gid: str, m: dict[str, Any], marks: Marks) 
     }
 
 
-def haco_latency(svc: Services, role: str, n: int, opts: dict[str, Any]) -> dict[str, Any]:
-    """Sequential invocations: group latency minus the fastest member's own latency."""
-    client, marks = timed_client(svc.url)
-    rows: list[tuple[str, float, float, float]] = []
-    try:
-        wait_ready(client, role, svc)
-        for _ in range(20):
-            client.invoke(role, "warm", deadline_s=CALL_DEADLINE_S, **opts)
-        since = int(time.time() * 1000)
-        for _ in range(n):
-            t0 = time.time()
-            res = client.invoke(role, "x", deadline_s=CALL_DEADLINE_S, **opts)
-            rows.append((res.group_id, t0, time.time(), res.latency_s))
-        time.sleep(0.3)  # losers still report
-    finally:
-        client.close()
-    traces = read_traces(svc.app_redis, since)
+Row = tuple[str, float, float, float]  # group id, caller's start and end, latency_s
+OVERHEAD_ROUNDS = 10  # blocks per system, interleaved: a slow spell falls on each alike
+TWO_MEMBERS = {**HEDGED, "launch_mode": "parallel"}
+
+
+def _haco_calls(client: HacoClient, role: str, n: int, opts: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for _ in range(n):
+        t0 = time.time()
+        res = client.invoke(role, "x", deadline_s=CALL_DEADLINE_S, **opts)
+        rows.append((res.group_id, t0, time.time(), res.latency_s))
+    return rows
+
+
+def _bare_calls(app: Any, r: redis.Redis, n: int) -> list[float]:
+    out: list[float] = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        send_echo(app, "bench:bare:lat", str(i))
+        if r.brpop(["bench:bare:lat"], timeout=READY_TIMEOUT_S) is None:
+            raise RuntimeError("bare worker silent")
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _haco_summary(
+    role: str, rows: list[Row], traces: dict[str, list[dict[str, Any]]], marks: Marks
+) -> dict[str, Any]:
+    """Group latency minus the fastest member's own latency, and the stages."""
     e2e, coord, over_e2e, over_coord = [], [], [], []
     parts: dict[str, list[float]] = {}
     missing = 0
@@ -127,22 +139,43 @@ def haco_latency(svc: Services, role: str, n: int, opts: dict[str, Any]) -> dict
     }
 
 
-def bare_latency(svc: Services, n: int) -> dict[str, Any]:
-    """Sequential bare-Celery round trips: send_task → worker LPUSH → BRPOP."""
+def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, Any]:
+    """Sequential calls of bare Celery (send_task → the worker's LPUSH → BRPOP) and of
+    HACO with one and two members, ``n`` each, in ``rounds`` interleaved blocks (bare,
+    one, two, bare, …): the three are compared side by side in time, not one after the
+    other, so a slow spell of the machine weighs on each alike."""
+    client, marks = timed_client(svc.url)
     app = create_bare_app(svc.url)
     r = svc.app_redis
-    out: list[float] = []
+    bare: list[float] = []
+    rows: dict[str, list[Row]] = {"one": [], "two": []}
+    opts = {"one": {}, "two": TWO_MEMBERS}
     try:
-        for i in range(n + 20):
-            t0 = time.perf_counter()
-            send_echo(app, "bench:bare:lat", str(i))
-            if r.brpop(["bench:bare:lat"], timeout=READY_TIMEOUT_S) is None:
-                raise RuntimeError(f"bare worker silent\n{svc.log_tail('bare')}")
-            if i >= 20:
-                out.append(time.perf_counter() - t0)
+        for role in rows:
+            wait_ready(client, role, svc)
+            for _ in range(20):
+                client.invoke(role, "warm", deadline_s=CALL_DEADLINE_S, **opts[role])
+        try:
+            _bare_calls(app, r, 20)  # warm
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}\n{svc.log_tail('bare')}") from exc
+        since = int(time.time() * 1000)
+        sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
+        for size in sizes:
+            bare += _bare_calls(app, r, size)
+            for role in rows:
+                rows[role] += _haco_calls(client, role, size, opts[role])
+        time.sleep(0.3)  # losers still report
     finally:
+        client.close()
         app.close()
-    return summary_ms(out)
+    traces = read_traces(svc.app_redis, since)
+    return {
+        "rounds": rounds,
+        "bare_celery_roundtrip": summary_ms(bare),
+        "haco_1": _haco_summary("one", rows["one"], traces, marks),
+        "haco_2": _haco_summary("two", rows["two"], traces, marks),
+    }
 
 
 # ---------------------------------------------------------------- 2. throughput
