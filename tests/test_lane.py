@@ -373,6 +373,21 @@ def test_a_payload_that_is_no_members_is_recorded_alone_and_run_as_it_comes(
     assert starts.watcher.running_groups() == []
 
 
+class FailingStarts(NotedStarts):
+    def begin(self, payload: object) -> Beginning | None:
+        raise RuntimeError("the worker's state could not be built")
+
+
+def test_a_start_that_cannot_be_prepared_leaves_its_message_recorded_to_run_as_it_comes(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts, caplog: pytest.LogCaptureFixture
+) -> None:
+    failing = FailingStarts(starts.context().store, starts.watcher)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="workers.lane"):
+        delivery, begun = take_while_waiting(broker, sender, failing, member_payload("g"))
+    assert begun is None and task_payload(delivery.body)["group_id"] == "g"
+    assert "could not be prepared" in caplog.text
+
+
 def two_sent_at_once(broker: redis.Redis, sender: Celery, payloads: list[Any]) -> list[str]:
     """The messages of ``payloads`` pushed onto the queue in one step (as a group's
     members are sent: coordinator.runtime.dispatch), their task ids in queue order."""

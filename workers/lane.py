@@ -320,6 +320,9 @@ class MemberLane:
             return self.starts.begin(task_payload(d.body))
         except BadMessage:
             return None  # its run logs it and acknowledges it
+        except Exception:  # the popped message must still be recorded: it runs as it comes
+            log.exception("member lane: the start of message %s could not be prepared", d.tag)
+            return None
 
     def _record(
         self, tag: str, entry: bytes, begun: Beginning | None = None, more: bool = False
