@@ -235,8 +235,11 @@ class HacoSettings(BaseSettings):
     # member's start and report scripts; a group's open-and-send, reply wait and close):
     # redis-py's own per-command path costs about as much CPU as the command itself
     # (coordinator.state.lean). A call that finds them all busy takes the pool's path;
-    # 0: every call does. A member holds one for a command, a caller for its reply wait.
-    redis_hot_connections: Annotated[int, Field(ge=0, le=10_000)] = 32
+    # 0: every call does. A member holds one for a command, a caller for its reply wait:
+    # a caller process needs about one per group in flight, and past the cap its waits
+    # queue on redis-py's pool lock (at 32, 128 groups in flight in one process stalled
+    # some calls for seconds: bench.runtime growth). Made only when needed.
+    redis_hot_connections: Annotated[int, Field(ge=0, le=10_000)] = 256
     # Celery task events feed Flower and `celery events`. They cost three extra broker
     # messages per member (two before it starts), so they are opt-in.
     task_events: bool = False

@@ -132,25 +132,33 @@ def test_a_batch_is_one_round_trip_in_order(
     broker: tuple[Celery, redis.Redis], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app, r = broker
-    executed: list[int] = []
-    execute = redis.client.Pipeline.execute
-
-    def counting(self: redis.client.Pipeline, raise_on_error: bool = True) -> list[Any]:
-        executed.append(len(self.command_stack))
-        return execute(self, raise_on_error)
-
-    monkeypatch.setattr(redis.client.Pipeline, "execute", counting)
-    tasks = [member(0, "local"), member(1, "remote"), member(2, "local")]
     dispatcher = CeleryDispatcher(app, ZONES)
+    sent: list[int] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        sent.append(1)  # one write to the server: one round trip
+        send(self, command, check_health)
+
+    dispatcher.send_many([("local", member(9))])  # connected, its script loaded
+    r.delete(queue_for("local"))
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    tasks = [member(0, "local"), member(1, "remote"), member(2, "local")]
     dispatcher.send_many([(t.candidate.zone, t) for t in tasks])
-    # One pipeline: the two queues' bindings (first use only) and three LPUSHes.
-    assert executed == [2 * 2 + 3]
+    monkeypatch.undo()
+    # One round trip: the new queue's bindings and three LPUSHes in one script
+    # (send_members.lua); the binding is there, the messages in their order.
+    assert len(sent) == 1
+    assert r.smembers("_kombu.binding.haco.zone.remote")
     local = [json.loads(base64.b64decode(e["body"]))[0][0] for e in entries(r, "haco.zone.local")]
     assert [t["rank"] for t in local] == [0, 2]
     (remote,) = entries(r, queue_for("remote"))
     assert remote["properties"]["delivery_info"]["routing_key"] == queue_for("remote")
+    r.delete("_kombu.binding.haco.zone.local")
     dispatcher.send_many([("local", member(3))])
-    assert executed[1:] == [1]  # declared once per dispatcher, as send_task does
+    # The binding is declared once per dispatcher, as send_task does.
+    assert not r.exists("_kombu.binding.haco.zone.local")
+    assert len(entries(r, "haco.zone.local")) == 3
 
 
 def test_an_unknown_zone_sends_nothing(broker: tuple[Celery, redis.Redis]) -> None:

@@ -93,6 +93,7 @@ class CeleryDispatcher:
             )
             lean = lean_for(self.redis, hot_connections)  # coordinator.state.lean
             self._open_send = lean.script(lua("open_send"))
+            self._send_members = lean.script(lua("send_members"))
         self.app_db = app_db
         # Queues whose binding this dispatcher wrote (send_task declares once too).
         self._declared: set[str] = set()
@@ -139,7 +140,10 @@ class CeleryDispatcher:
             if fused and opening is not None:
                 self._send_opening(client, opening, bindings, entries)
             else:
-                _send(client, bindings, entries)
+                names = [k for k, _ in bindings] + [k for k, _ in entries]
+                argv: list[str | int] = [len(bindings), *(b for _, b in bindings)]
+                argv += [e for _, e in entries]
+                self._send_members(keys=names, args=argv)
         except redis.RedisError as exc:
             members = ", ".join(f"{t.member_id} to {queue_for(z)}" for z, t in items)
             lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
@@ -186,20 +190,6 @@ class CeleryDispatcher:
         if self.redis is not None:
             close_lean(self.redis)
             self.redis.close()
-
-
-def _send(
-    client: redis.Redis, bindings: list[tuple[str, str]], entries: list[tuple[str, str]]
-) -> None:
-    pipe = client.pipeline(transaction=True)  # a group is queued whole or not at all
-    try:
-        for key, member in bindings:
-            pipe.sadd(key, member)
-        for key, entry in entries:
-            pipe.lpush(key, entry)
-        pipe.execute()
-    finally:
-        pipe.reset()
 
 
 def send_each(

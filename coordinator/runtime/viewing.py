@@ -73,8 +73,14 @@ class Views:
         """The co-failure evidence the policy counts (the latest snapshot's)."""
         now = self.clock()
         if now - self._cofailure_at >= self.settings.cofailure_refresh_s:
-            self._cofailure = self.store.load_cofailure()
-            self._cofailure_at = now
+            # Marked first: the callers that come meanwhile use the evidence they have
+            # instead of all reading it at once; a failed read is due again at once.
+            since, self._cofailure_at = self._cofailure_at, now
+            try:
+                self._cofailure = self.store.load_cofailure()
+            except BaseException:
+                self._cofailure_at = since
+                raise
         return self._cofailure
 
     def view(

@@ -20,7 +20,6 @@ The in-memory twin is :meth:`coordinator.state.memstore.MemoryStore.read_for_pla
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,8 +75,12 @@ class RedisPlanReads:
         """The read's script and an empty cache: the store's init."""
         self.view_max_age_s = view_max_age_s
         self._plan_script = lean_for(client).script(lua("plan_read"))
+        # No lock: each entry holds its token with its profile, so a read may take each
+        # one as it finds it, and a write replaces whole entries in one C-level update
+        # (atomic under the GIL). A lock here, taken twice by every plan, queued a hundred
+        # callers of one process for seconds (bench.runtime growth, 128 in flight): a
+        # holder that lost the GIL kept every other caller waiting.
         self._plan_cache: dict[str, _Entry] = {}  # "c:<id>" / "l:<id>" -> what was read
-        self._plan_lock = threading.Lock()
         # When a read last confirmed each field's token (its values may be older), and
         # each candidate's cooldown flag at that read: the view fresh_s may reuse.
         self._checked: dict[str, float] = {}
@@ -97,19 +100,14 @@ class RedisPlanReads:
         ``group_ttl_s`` (:meth:`RedisStore.open_group`) and the hedge budget credited with
         ``credit`` (RedisBudget.plan_credit), in the same script; or, when all of it was
         read within ``fresh_s``, the cached view with nothing opened or credited."""
-        script, cache, lock = self._plan_script, self._plan_cache, self._plan_lock
+        script, cache = self._plan_script, self._plan_cache
         fields = [f"c:{c}" for c in candidate_ids] + [f"l:{lk}" for lk in link_ids]
         now = self.view_clock()
-        with lock:  # the entries this read relies on, as they are now
-            held = [cache.get(f) for f in fields]
-            since = now - fresh_s
-            if (
-                fresh_s > 0
-                and fields
-                and all(self._checked.get(f, -math.inf) > since for f in fields)
-            ):
-                hot = {c for c in candidate_ids if self._cooling.get(c)}
-                return _plan_read(candidate_ids, link_ids, held, hot)  # no round trip
+        held = [cache.get(f) for f in fields]  # the entries this read relies on
+        since = now - fresh_s
+        if fresh_s > 0 and fields and all(self._checked.get(f, -math.inf) > since for f in fields):
+            hot = {c for c in candidate_ids if self._cooling.get(c)}
+            return _plan_read(candidate_ids, link_ids, held, hot)  # no round trip
         known = [
             e.token if e is not None and now - e.read_at < self.view_max_age_s else "" for e in held
         ]
@@ -134,10 +132,9 @@ class RedisPlanReads:
                 prof = _merged(changed[j + 1], decode_link, merge_link, s)
             entries[i] = read[fields[i]] = _Entry(text(tokens[i]), prof, now)
         hot = {c for c, flag in zip(candidate_ids, cooling, strict=True) if int(flag)}
-        with lock:
-            cache.update(read)  # only what this read fetched: a newer entry stays
-            self._checked.update((f, now) for f in fields)
-            self._cooling.update((c, c in hot) for c in candidate_ids)
+        cache.update(read)  # only what this read fetched
+        self._checked.update(dict.fromkeys(fields, now))
+        self._cooling.update({c: c in hot for c in candidate_ids})
         return _plan_read(candidate_ids, link_ids, entries, hot, credit is not None, open_group)
 
 
