@@ -195,21 +195,9 @@ def test_a_message_that_comes_while_the_lane_waits_is_recorded_as_kombu_records_
     broker: redis.Redis, sender: Celery, runtime_redis_url: str
 ) -> None:
     # The queue is empty: the take waits in BRPOP (not the script), then records.
-    waiting = MemberLane(
-        broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=1, poll_s=WAIT_S
-    )
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        taken = pool.submit(waiting._take)
-        wait_for(
-            "the lane's BRPOP", lambda: blocked_in_brpop(broker),
-            WAIT_S,
-        )  # fmt: skip
-        task_id = sender.send_task(keys.MEMBER_TASK, args=[{"n": 3}], queue=QUEUE).id
-        got = taken.result(WAIT_S)
-    assert len(got) == 1  # one message sent: one taken
-    ((delivery, begun),) = got
-    assert delivery.task_id == task_id and begun is None  # no starts: recorded alone
-    assert unacked(broker) == ({delivery.tag.encode()}, {delivery.tag.encode()})
+    delivery, begun = take_while_waiting(broker, sender, None, {"n": 3})
+    assert begun is None  # no starts: recorded alone
+    task_id = delivery.task_id
     restore_all(runtime_redis_url)
     restored = json.loads(broker.lindex(QUEUE, 0) or b"")
     assert restored["headers"]["id"] == task_id
@@ -321,20 +309,19 @@ def starts(runtime_redis_url: str) -> Iterator[NotedStarts]:
     app.close()
 
 
-def take_while_waiting(broker: redis.Redis, sender: Celery, starts: NotedStarts,
+def take_while_waiting(broker: redis.Redis, sender: Celery, starts: NotedStarts | None,
                        payload: Any) -> tuple[Any, Beginning | None]:  # fmt: skip
+    """What a lane waiting in BRPOP takes when ``payload``'s message comes, recorded."""
     waiting = MemberLane(broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=1,
                          poll_s=WAIT_S, starts=starts)  # fmt: skip
     with ThreadPoolExecutor(max_workers=1) as pool:
         taken = pool.submit(waiting._take)
-        wait_for(
-            "the lane's BRPOP", lambda: blocked_in_brpop(broker),
-            WAIT_S,
-        )  # fmt: skip
-        sender.send_task(keys.MEMBER_TASK, args=[payload], queue=QUEUE)
+        wait_for("the lane's BRPOP", lambda: blocked_in_brpop(broker), WAIT_S)
+        task_id = sender.send_task(keys.MEMBER_TASK, args=[payload], queue=QUEUE).id
         got = taken.result(WAIT_S)
     assert len(got) == 1  # one message sent: one taken
     ((delivery, begun),) = got
+    assert delivery.task_id == task_id
     assert unacked(broker) == ({delivery.tag.encode()}, {delivery.tag.encode()})
     return delivery, begun
 
