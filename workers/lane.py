@@ -283,17 +283,25 @@ class MemberLane:
         entry = b"[" + raw + b", " + route[1:].encode()
         begun = self._begin(delivery)
         more = begun is not None and self._free.acquire(blocking=False)
-        recorded, following = self._record(delivery.tag, entry, begun, more)
+        try:
+            recorded, following = self._record(delivery.tag, entry, begun, more)
+        except BaseException:  # nothing runs: the watch and the other thread go back
+            self._release(begun, more)
+            raise
         if not recorded:
-            if begun is not None:
-                begun.close()
-            if more:
-                self._free.release()
+            self._release(begun, more)
             return []
         taken_more = self._taken(following) if following is not None else []
         if more and not taken_more:
             self._free.release()
         return [(delivery, begun), *taken_more]
+
+    def _release(self, begun: Beginning | None, more: bool) -> None:
+        """What a take that ran nothing held: the member's watch, the other thread."""
+        if begun is not None:
+            begun.close()
+        if more:
+            self._free.release()
 
     def _taken(self, got: Any) -> list[Taken]:
         """take_next.lua's answer: the message it took, or none (dropped and logged)."""
