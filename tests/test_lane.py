@@ -412,3 +412,16 @@ def test_the_message_after_the_one_that_woke_the_lane_is_taken_with_it_while_a_t
     assert broker.llen(QUEUE) == 2 - threads_free  # the other waits for a free thread
     assert not waiting._free.acquire(blocking=False)  # a thread held for each one taken
     begun.close()
+
+
+def test_a_start_the_server_refuses_leaves_its_message_recorded_to_run_as_it_comes(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = starts.context().store
+    assert isinstance(app, RedisStore)
+    app.r.rpush(keys.group_state("g-wrong"), "not a signal")  # WRONGTYPE for the start's GET
+    with caplog.at_level(logging.WARNING, logger="workers.lane"):
+        delivery, begun = take_while_waiting(broker, sender, starts, member_payload("g-wrong"))
+    assert begun is None and task_payload(delivery.body)["group_id"] == "g-wrong"
+    assert "runs as it comes" in caplog.text
+    assert starts.watcher.running_groups() == []  # its watch released

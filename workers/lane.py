@@ -37,15 +37,12 @@ events, so with ``task_events`` on (Flower's task pages) the lane is not used.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
@@ -63,6 +60,13 @@ from coordinator.state.memberops import (
     started_of,
 )
 from coordinator.state.scriptacks import SCRIPT_ACKS
+from workers.lane_messages import (
+    BadMessage,
+    Delivery,
+    LaneRequest,
+    parse_entry,
+    task_payload,
+)
 from workers.member import Beginning
 
 log = logging.getLogger(__name__)
@@ -81,82 +85,7 @@ class Starts(Protocol):
         """Run the member whose start was made."""
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One message taken from the queue: what the lane runs and acknowledges."""
-
-    tag: str
-    task: str  # the Celery task's name (headers.task)
-    body: bytes  # the JSON of [args, kwargs, embed]
-    task_id: str = ""  # headers.id
-    argsrepr: str = ""  # headers.argsrepr
-    delivery_info: dict[str, Any] = field(default_factory=dict)
-
-
-Taken = tuple["Delivery", Beginning | None]  # a message, and its member's start if made
-
-
-class LaneRequest:
-    """A member running in the lane as Celery's ``active`` inspect command lists a task
-    (it reads ``celery.worker.state.active_requests``): `celery inspect active`, Flower's
-    worker page and `haco zones`' in-flight counts see lane members too."""
-
-    __slots__ = ("__weakref__", "d", "hostname", "time_start")  # the set holds weak refs
-
-    def __init__(self, d: Delivery, hostname: str, time_start: float) -> None:
-        self.d, self.hostname, self.time_start = d, hostname, time_start
-
-    def info(self, safe: bool = False) -> dict[str, Any]:
-        """The fields of ``celery.worker.request.Request.info`` (the arguments as their
-        repr, as ``safe`` gives them)."""
-        return {
-            "id": self.d.task_id, "name": self.d.task, "args": self.d.argsrepr, "kwargs": "{}",
-            "type": self.d.task, "hostname": self.hostname, "time_start": self.time_start,
-            "acknowledged": False, "delivery_info": self.d.delivery_info,
-            "worker_pid": os.getpid(),
-        }  # fmt: skip
-
-
-class BadMessage(ValueError):
-    """A list entry that is not a Celery message kombu's Redis transport could read."""
-
-
-def parse_entry(raw: bytes) -> Delivery:
-    """What the lane needs of a queue entry (kombu's JSON envelope)."""
-    try:
-        message = json.loads(raw)
-        props, headers = message["properties"], message["headers"]
-        if message.get("content-type") != "application/json":
-            raise BadMessage(f"content type {message.get('content-type')!r}, not JSON")
-        body = message.get("body") or ""
-        encoded = body.encode() if isinstance(body, str) else b""
-        if props.get("body_encoding") == "base64":
-            encoded = base64.b64decode(encoded)
-        info = props.get("delivery_info") or {}
-        delivery_info = {
-            "exchange": str(info.get("exchange") or ""),
-            "routing_key": str(info.get("routing_key") or ""),
-            "priority": 0,
-            "redelivered": bool(info.get("redelivered")),
-        }
-        return Delivery(str(props["delivery_tag"]), str(headers["task"]), encoded,
-                        str(headers.get("id") or ""), str(headers.get("argsrepr") or ""),
-                        delivery_info)  # fmt: skip
-    except BadMessage:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise BadMessage(f"not a Celery message: {exc}") from exc
-
-
-def task_payload(body: bytes) -> Any:
-    """A member task's one argument from its body (protocol 2: [args, kwargs, embed])."""
-    try:
-        args, kwargs, _embed = json.loads(body)
-        if args:
-            return args[0]
-        return kwargs["payload"]
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise BadMessage(f"not a member task's body: {exc}") from exc
+Taken = tuple[Delivery, Beginning | None]  # a message, and its member's start if made
 
 
 class MemberLane:
@@ -285,6 +214,12 @@ class MemberLane:
         more = begun is not None and self._free.acquire(blocking=False)
         try:
             recorded, following = self._record(delivery.tag, entry, begun, more)
+        except redis.ResponseError as exc:  # the server refused the start: recorded alone
+            log.warning("member lane: the start of %s failed (%s); it runs as it comes",
+                        delivery.tag, exc)  # fmt: skip
+            self._release(begun, more)
+            begun, more = None, False
+            recorded, following = self._record(delivery.tag, entry)
         except BaseException:  # nothing runs: the watch and the other thread go back
             self._release(begun, more)
             raise
@@ -354,6 +289,8 @@ class MemberLane:
                 begun.state, begun.started = started_of(reply)
                 return True, reply[2]
             except redis.RedisError as exc:
+                if begun is not None and isinstance(exc, redis.ResponseError):
+                    raise  # an error reply, not a lost broker: no retry makes it go away
                 log.warning("member lane: could not record %s (%s); retrying", tag, exc)
                 if self._stop.wait(self.poll_s):
                     log.error("member lane: message %s lost: the broker failed at a stop", tag)
