@@ -38,8 +38,7 @@ from bench.rtlib import Services, machine, server_info
 from coordinator.core.percentiles import median
 from coordinator.state.budget import earn_script, spend_script
 from coordinator.state.kombu_redis import ACK_SCRIPT, APPEND_SCRIPT
-from coordinator.state.lua import lua
-from coordinator.state.memberops import report_script
+from coordinator.state.lua import FUNCTIONS, script
 
 SLOWLOG_MAX = 2_000_000  # entries kept; a phase of 5 s logs well under 100k
 LUA = Path(__file__).resolve().parents[1] / "coordinator" / "state"
@@ -47,9 +46,9 @@ LUA = Path(__file__).resolve().parents[1] / "coordinator" / "state"
 
 def script_names() -> dict[str, str]:
     """SHA1 of each script this tree runs, as the server names it, to a label."""
-    texts = {f.stem: lua(f.stem) for f in LUA.glob("*.lua")}  # those sent as they are
+    # Each script as it is sent: with the functions it calls (coordinator.state.lua).
+    texts = {f.stem: script(f.stem) for f in LUA.glob("*.lua") if f.stem not in FUNCTIONS}
     texts |= {
-        "member_report": report_script(),
         "budget_earn": earn_script(),
         "budget_spend": spend_script(),
         "kombu QoS append": APPEND_SCRIPT,

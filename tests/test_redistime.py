@@ -13,10 +13,13 @@ from bench import redistime
 from coordinator.state import kombu_redis
 from coordinator.state.budget import spend_script
 from coordinator.state.lean import LeanRedis
-from coordinator.state.lua import lua
-from coordinator.state.memberops import report_script
+from coordinator.state.lua import FUNCTIONS, script
 
 LUA_DIR = Path(redistime.__file__).resolve().parents[1] / "coordinator" / "state"
+
+
+def lua_text(name: str) -> str:
+    return (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
 
 
 def _sha(text: str) -> str:
@@ -26,10 +29,12 @@ def _sha(text: str) -> str:
 def test_every_script_is_named() -> None:
     names = redistime.script_names()
     for f in LUA_DIR.glob("*.lua"):
-        pieces = f.stem.startswith("budget_") or f.stem in ("profile_fold", "member_report")
-        if not pieces:  # a piece runs only inside a script made of several
-            assert names[_sha(lua(f.stem))] == f.stem
-    assert names[_sha(report_script())] == "member_report"
+        # A function runs only inside the scripts that call it, and a budget piece only
+        # inside the budget's scripts: every other file is named as it is sent.
+        if f.stem not in FUNCTIONS and not f.stem.startswith("budget_"):
+            assert names[_sha(script(f.stem))] == f.stem
+    assert script("member_report") != lua_text("member_report")  # sent with its fold
+    assert names[_sha(script("lane_start"))] == "lane_start"
     assert names[_sha(spend_script())] == "budget_spend"
     assert names[_sha(kombu_redis.APPEND_SCRIPT)] == "kombu QoS append"
     assert redistime._label([b"EVALSHA", b"f" * 40, b"0"], names) == "script ffffffff"

@@ -52,10 +52,9 @@ from celery.worker import state as worker_state
 from coordinator.state import keys
 from coordinator.state.kombu_redis import ACK_SCRIPT, APPEND_SCRIPT
 from coordinator.state.lean import lean_for
+from coordinator.state.lua import script
 from coordinator.state.memberops import (
     BrokerAck,
-    lane_start_script,
-    lane_take_script,
     start_call,
     started_of,
 )
@@ -82,7 +81,7 @@ class Starts(Protocol):
         is not a member's, and :data:`RunMember` deals with it as it comes."""
 
     def run(self, b: Beginning, ack: BrokerAck) -> None:
-        """Run the member whose start was made."""
+        """Run the member whose start was made, and release its watch after."""
 
 
 Taken = tuple[Delivery, Beginning | None]  # a message, and its member's start if made
@@ -121,8 +120,8 @@ class MemberLane:
         self._db = int(broker.connection_pool.connection_kwargs.get("db", 0))
         self._lean = lean_for(broker)
         self._append = self._lean.script(APPEND_SCRIPT)
-        self._append_start = self._lean.script(lane_start_script())
-        self._take_script = self._lean.script(lane_take_script())
+        self._append_start = self._lean.script(script("lane_start"))
+        self._take_script = self._lean.script(script("lane_take"))
         self._ack = self._lean.script(ACK_SCRIPT)
         self._lists = keys.priority_lists(queue)
         self._unacked = [keys.UNACKED_INDEX, keys.UNACKED_HASH]
@@ -311,8 +310,6 @@ class MemberLane:
         except Exception:
             log.exception("member lane: message %s failed", d.tag)
         finally:
-            if begun is not None:
-                begun.close()  # run_begun closed it; a run that never came did not
             worker_state.active_requests.discard(request)
             self._acknowledge(d.tag)
             self._free.release()

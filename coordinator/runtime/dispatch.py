@@ -29,7 +29,7 @@ from coordinator.state.broker import celery_conf
 from coordinator.state.celery_wire import MemberWire, wire_unsupported
 from coordinator.state.keys import BUDGET, MEMBER_TASK, group_state, queue_for
 from coordinator.state.lean import DEFAULT_HOT_CONNECTIONS, close_lean, lean_for
-from coordinator.state.lua import lua
+from coordinator.state.lua import script
 from coordinator.state.opening import GroupOpening
 from schemas.enums import GroupSignal
 from schemas.models import MemberTask
@@ -92,8 +92,8 @@ class CeleryDispatcher:
                 str(app.conf.broker_url), retry=PUBLISH_RETRY
             )
             lean = lean_for(self.redis, hot_connections)  # coordinator.state.lean
-            self._open_send = lean.script(lua("open_send"))
-            self._send_members = lean.script(lua("send_members"))
+            self._open_send = lean.script(script("open_send"))
+            self._send_members = lean.script(script("send_members"))
         self.app_db = app_db
         # Queues whose binding this dispatcher wrote (send_task declares once too).
         self._declared: set[str] = set()
@@ -140,10 +140,7 @@ class CeleryDispatcher:
             if fused and opening is not None:
                 self._send_opening(client, opening, bindings, entries)
             else:
-                names = [k for k, _ in bindings] + [k for k, _ in entries]
-                argv: list[str | int] = [len(bindings), *(b for _, b in bindings)]
-                argv += [e for _, e in entries]
-                self._send_members(keys=names, args=argv)
+                self._send_members(*_batch(bindings, entries))
         except redis.RedisError as exc:
             members = ", ".join(f"{t.member_id} to {queue_for(z)}" for z, t in items)
             lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
@@ -163,15 +160,13 @@ class CeleryDispatcher:
     ) -> None:
         """The group opened, the budget credited and the members queued: one script."""
         amount, budget_ttl_ms = o.credit if o.credit is not None else (0.0, 0)
-        names = [group_state(o.group_id), BUDGET]
-        names += [k for k, _ in bindings] + [k for k, _ in entries]
         broker_db = int(client.connection_pool.connection_kwargs.get("db", 0))
+        batch_keys, batch_args = _batch(bindings, entries)
         args: list[str | int] = [
             self.app_db or 0, broker_db, GroupSignal.OPEN.value,
-            max(1, int(o.ttl_s * 1000)), repr(float(amount)), budget_ttl_ms, len(bindings),
-            *(b for _, b in bindings), *(e for _, e in entries),
+            max(1, int(o.ttl_s * 1000)), repr(float(amount)), budget_ttl_ms, *batch_args,
         ]  # fmt: skip
-        self._open_send(keys=names, args=args)
+        self._open_send([group_state(o.group_id), BUDGET, *batch_keys], args)
 
     def send_task(self, zone: str, task: MemberTask) -> None:
         """One member through Celery's own publish path (``app.send_task``)."""
@@ -190,6 +185,17 @@ class CeleryDispatcher:
         if self.redis is not None:
             close_lean(self.redis)
             self.redis.close()
+
+
+def _batch(
+    bindings: list[tuple[str, str]], entries: list[tuple[str, str]]
+) -> tuple[list[str], list[str | int]]:
+    """A batch as queue_batch.lua takes it: the binding sets and queues as keys; the
+    number of bindings, the bindings and the messages as arguments."""
+    names = [k for k, _ in bindings] + [k for k, _ in entries]
+    args: list[str | int] = [len(bindings), *(b for _, b in bindings)]
+    args += [e for _, e in entries]
+    return names, args
 
 
 def send_each(

@@ -11,3 +11,23 @@ from importlib import resources
 def lua(name: str) -> str:
     """The text of ``coordinator/state/<name>.lua``, read once per process."""
     return resources.files("coordinator.state").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+# Scripts that call Lua functions defined in other files (one function per file, shared
+# between scripts): the files sent before the script's own, in this order.
+PIECES: dict[str, tuple[str, ...]] = {
+    "member_report": ("profile_fold",),
+    "member_start": ("start_claim",),
+    "lane_take": ("take_next",),
+    "lane_start": ("start_claim", "take_next"),
+    "open_send": ("queue_batch",),
+    "send_members": ("queue_batch",),
+}
+# Files that only define a function for the scripts above: never sent on their own.
+FUNCTIONS = frozenset(piece for pieces in PIECES.values() for piece in pieces)
+
+
+@functools.cache
+def script(name: str) -> str:
+    """The text script ``name`` is sent as: the functions it calls, then its own file."""
+    return "".join(lua(piece) for piece in PIECES.get(name, ())) + lua(name)

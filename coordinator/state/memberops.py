@@ -31,7 +31,7 @@ from coordinator.core.profiles import CandidateObservation, LinkObservation
 from coordinator.state import keys
 from coordinator.state.codec import text
 from coordinator.state.lean import lean_for
-from coordinator.state.lua import lua
+from coordinator.state.lua import script
 from coordinator.state.scriptacks import SCRIPT_ACKS
 from schemas.enums import GroupSignal
 
@@ -129,23 +129,6 @@ def legs_json(legs: Sequence[LinkObservation]) -> str:
     )  # fmt: skip
 
 
-def start_script() -> str:
-    """The text of a member's start script: the start's function, then the call."""
-    return lua("start_claim") + lua("member_start")
-
-
-def lane_take_script() -> str:
-    """The member lane's take under load (workers.lane): the take's function, then the
-    call."""
-    return lua("take_next") + lua("lane_take")
-
-
-def lane_start_script() -> str:
-    """The member lane's record-and-start script (workers.lane): the start's and the
-    take's functions, then the record, the next message's take and the start."""
-    return lua("start_claim") + lua("take_next") + lua("lane_start")
-
-
 def start_call(s: MemberStart) -> tuple[list[str], list[str | int]]:
     """A start's keys and arguments, as the start function takes them (both scripts)."""
     names = [keys.group_state(s.group_id), keys.idempotency(s.start_claim),
@@ -158,11 +141,6 @@ def start_call(s: MemberStart) -> tuple[list[str], list[str | int]]:
 def started_of(reply: Sequence[Any]) -> tuple[GroupSignal | None, Started]:
     """A start script's reply: the group's signal and whether the member runs."""
     return _signal(reply[0]), Started(int(reply[1]))
-
-
-def report_script() -> str:
-    """The text of a member's report script: the fold's functions, then the report."""
-    return lua("profile_fold") + lua("member_report")
 
 
 def decay_args(settings: ProfileSettings) -> list[str | int | float]:
@@ -188,15 +166,15 @@ class RedisMemberOps:
     def _init_member_ops(self, client: redis.Redis) -> None:
         """Register the two scripts (EVALSHA: their text is sent once): the store's init."""
         lean = lean_for(client)  # EVALSHA without redis-py's per-command path
-        self._start_script = lean.script(start_script())
-        self._report_script = lean.script(report_script())
+        self._start_script = lean.script(script("member_start"))
+        self._report_script = lean.script(script("member_report"))
 
     def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]:
         """The group's signal at the start, and whether the member runs."""
         names, args = start_call(s)
-        script = self._start_script
+        run = self._start_script
         result: tuple[GroupSignal | None, Started] = self._guard(
-            "start a member", lambda: started_of(script(keys=names, args=args))
+            "start a member", lambda: started_of(run(keys=names, args=args))
         )
         return result
 
@@ -205,7 +183,7 @@ class RedisMemberOps:
     ) -> bool:
         """Reply, then (``harvest``, and the outcome is this worker's) delay sample,
         profile fold and trace, in one script; True when the outcome was recorded."""
-        script = self._report_script
+        report = self._report_script
         names = [
             keys.group_replies(o.group_id), keys.idempotency(o.outcome_claim or "-"),
             keys.PROFILE_EPOCH, keys.TRACES, keys.hedge_delay_window(o.role or "-"),
@@ -222,7 +200,7 @@ class RedisMemberOps:
         ]  # fmt: skip
 
         def run() -> bool:
-            return bool(script(keys=names, args=args))
+            return bool(report(keys=names, args=args))
 
         recorded: bool = self._guard("report a member", run)
         if o.ack is not None:  # kombu's own ack of it has nothing left to remove

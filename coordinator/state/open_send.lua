@@ -16,11 +16,5 @@ if ARGV[6] ~= '0' then
   redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[6]))
 end
 redis.call('SELECT', ARGV[2])
-local nb = tonumber(ARGV[7])
-for i = 1, nb do
-  redis.call('SADD', KEYS[2 + i], ARGV[7 + i])
-end
-for i = nb + 1, #KEYS - 2 do
-  redis.call('LPUSH', KEYS[2 + i], ARGV[7 + i])
-end
+queue_batch(3, 7)  -- queue_batch.lua above
 return 1
