@@ -36,9 +36,10 @@ from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.services.supervisor import Stack
 from coordinator.state import keys
 from coordinator.state.broker import with_db
+from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed
 from coordinator.state.hedgedelay import RedisDelayWindow
 from coordinator.state.opening import GroupOpening
-from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, RedisStore
+from coordinator.state.store import RedisStore
 from schemas.models import MemberTask
 
 BENCH = Path(__file__).resolve().parent

@@ -23,8 +23,9 @@ from coordinator.runtime.pool import sim_scenario
 from coordinator.runtime.ports import RuntimeStore
 from coordinator.state import keys
 from coordinator.state.cancelwatch import CancelWatcher, MemoryCancelWatcher, RedisCancelWatcher
+from coordinator.state.closing import CloseLimits, GroupClose
 from coordinator.state.memstore import MemoryStore
-from coordinator.state.store import CloseLimits, GroupClose, RedisStore
+from coordinator.state.store import RedisStore
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import BackendSpec, Candidate, MemberTask, Message
 from schemas.pool import SimSection

@@ -26,8 +26,9 @@ from coordinator.core.profiles import (
 from coordinator.errors import StoreError
 from coordinator.runtime.ports import RuntimeStore
 from coordinator.state import keys
+from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed
 from coordinator.state.memstore import MemoryStore
-from coordinator.state.store import CloseLimits, GroupClose, GroupClosed, RedisStore
+from coordinator.state.store import RedisStore
 from schemas.enums import FailureKind, GroupSignal
 
 TTL = 60.0

@@ -60,7 +60,7 @@ from coordinator.runtime.ports import DelayWindow, Dispatcher, HedgeBudget, Runt
 from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.runtime.viewing import Views
 from coordinator.state import keys
-from coordinator.state.store import CloseLimits, GroupClose
+from coordinator.state.closing import CloseLimits, GroupClose
 from schemas.enums import GroupSignal, GroupState, LaunchMode, MemberStatus
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 

@@ -18,10 +18,10 @@ from coordinator.core.profiles import (
     LinkProfile,
 )
 from coordinator.state.budget import BudgetSnapshot
+from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed
 from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
 from coordinator.state.opening import GroupOpening
 from coordinator.state.profilecache import PlanRead
-from coordinator.state.store import CloseLimits, GroupClose, GroupClosed
 from schemas.enums import GroupSignal
 from schemas.models import MemberTask
 
@@ -105,6 +105,11 @@ class RuntimeStore(Protocol):
     ) -> bool: ...
     def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None: ...
     def metrics(self) -> dict[str, int]: ...
+    def hold_close(self, group_id: str, ttl_s: float) -> None:
+        """The group's first report no longer closes it (a staged close: coordinator.state.
+        closing); its coordinator gave up on a member and closes the group itself."""
+        ...
+
     def close_group(self, close: GroupClose, limits: CloseLimits) -> GroupClosed:
         """Close the group once (signal, winner claim, counters, verdict record); a group
         closed before is left as it is, and its winner is returned."""

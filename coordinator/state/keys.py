@@ -57,6 +57,14 @@ def group_winner(group_id: str) -> str:
     return f"{PREFIX}:g:{group_id}:winner"
 
 
+def group_reports(group_id: str) -> str:
+    """String (INCR): the reports that reached a group whose first report may close it
+    (a staged close, coordinator.state.closing). Writers: its members' report scripts
+    (member_report.lua), and its coordinator, which adds one when it gives up on a member
+    so that its own close counts that member. TTL: group_ttl_s."""
+    return f"{PREFIX}:g:{group_id}:reports"
+
+
 CANCELLED = f"{PREFIX}:cancelled"
 """Pub/sub channel (not a key: nothing stored, no TTL): the id of every group whose
 signal is set to "cancelled", PUBLISHed by the writer of that signal in the same step

@@ -16,7 +16,14 @@
 --   10 dst, 11 link observations JSON array (''), 12 decay, 13 half-life, 14 weight per
 --   observation, 15 latency window, 16 bandwidth window, 17 profile TTL ms,
 --   18 trace maxlen, 19 trace TTL ms, 20 latency for the delay window (''),
---   21 delay window size, 22 the broker's database ('': no ack), 23 the delivery tag.
+--   21 delay window size, 22 the broker's database ('': no ack), 23 the delivery tag,
+--   24 '1' when the member's group may be closed by its first report (a staged close,
+--   coordinator/state/closing.py; '' otherwise), then the close this report makes should
+--   it be the first: 25 signal ('' = none: not a success), 26 winner member, 27 the
+--   closed token, 28 metrics TTL ms, 29 the verdict's stream field, 30 verdict JSON,
+--   31 group id, then counter name, increment pairs to the end.
+-- KEYS (a staged close): 9 the group's report count, 10 group state, 11 group winner,
+--   12 metrics, 13 the cancel channel.
 -- Returns 1 when the outcome was recorded, 0 when it was not this worker's to record.
 local function done(recorded)
   if ARGV[22] ~= '' then
@@ -27,6 +34,21 @@ local function done(recorded)
   return recorded
 end
 local ttl = tonumber(ARGV[2])
+if ARGV[24] ~= '' then
+  -- Every report of a staged group is counted (its coordinator adds one when it gives
+  -- up on a member); only the first, a success, closes the group: later ones would
+  -- need the counts of what came before, which only the coordinator holds.
+  local seen = redis.call('INCR', KEYS[9])
+  redis.call('PEXPIRE', KEYS[9], ttl)
+  if seen == 1 and ARGV[25] ~= '' then
+    local closed = close_group({KEYS[10], KEYS[11], KEYS[12], KEYS[4], KEYS[13]},
+      {ARGV[25], ARGV[26], ttl, ARGV[28], ARGV[29], ARGV[30], ARGV[18], ARGV[19], ARGV[31]},
+      32)  -- group_close.lua above
+    if closed[1] == 1 then
+      redis.call('LPUSH', KEYS[1], ARGV[27])  -- ahead of the report: popped first
+    end
+  end
+end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ttl)
 if ARGV[4] ~= '1' then return done(0) end

@@ -29,6 +29,7 @@ import redis
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.core.profiles import CandidateObservation, LinkObservation
 from coordinator.state import keys
+from coordinator.state.closing import GroupClose
 from coordinator.state.codec import text
 from coordinator.state.lean import lean_for
 from coordinator.state.lua import script
@@ -87,6 +88,12 @@ class MemberOutcome:
     delay_s: float | None = None  # a success's latency for the role's hedge-delay window
     delay_window: int = 0  # the window's size (HacoSettings.hedge_delay_window)
     ack: BrokerAck | None = None  # its Celery message, acknowledged in the same step
+    # A member of a group its first report may close (coordinator.state.closing): the
+    # report is counted, and when it is the group's first, ``close`` (a success's; None
+    # for a failure) closes the group and ``closed_token`` goes ahead of the reply.
+    staged: bool = False
+    close: GroupClose | None = None
+    closed_token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +161,21 @@ def decay_args(settings: ProfileSettings) -> list[str | int | float]:
             settings.bandwidth_window]  # fmt: skip
 
 
+def _close_args(o: MemberOutcome, limits: OutcomeLimits) -> list[str | int]:
+    """member_report.lua's ARGV from 25: the staged close this report makes should it be
+    its group's first (the metrics' TTL is the profiles', as the coordinator's close)."""
+    c = o.close
+    if c is None or not o.staged:
+        return [""]
+    args: list[str | int] = [
+        c.signal.value, c.winner_member or "", o.closed_token,
+        max(1, int(limits.profile_ttl_s * _MS)), keys.VERDICT_FIELD, c.verdict, c.group_id,
+    ]  # fmt: skip
+    for name, n in c.counts.items():
+        args += [name, n]
+    return args
+
+
 class RedisMemberOps:
     """Needs ``self.r`` (a client that does not decode responses), ``self._guard``
     (driver errors to StoreError) and ``self.profile_settings``: a RedisStore mixin."""
@@ -188,6 +210,8 @@ class RedisMemberOps:
             keys.group_replies(o.group_id), keys.idempotency(o.outcome_claim or "-"),
             keys.PROFILE_EPOCH, keys.TRACES, keys.hedge_delay_window(o.role or "-"),
             keys.PROFILE_VERSIONS, keys.UNACKED_INDEX, keys.UNACKED_HASH,
+            keys.group_reports(o.group_id), keys.group_state(o.group_id),
+            keys.group_winner(o.group_id), keys.METRICS, keys.CANCELLED,
         ]  # fmt: skip
         args: list[str | int | float] = [
             o.report, max(1, int(o.ttl_s * _MS)), o.owner, int(o.harvest), keys.DELTA_PREFIX,
@@ -197,6 +221,7 @@ class RedisMemberOps:
             limits.trace_maxlen, max(1, int(limits.trace_ttl_s * _MS)),
             "" if o.delay_s is None else repr(float(o.delay_s)), max(1, o.delay_window),
             "" if o.ack is None else o.ack.db, "" if o.ack is None else o.ack.tag,
+            "1" if o.staged else "", *_close_args(o, limits),
         ]  # fmt: skip
 
         def run() -> bool:

@@ -21,9 +21,9 @@ from coordinator.core.profiles import (
     update_link_many,
 )
 from coordinator.state import keys
+from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed
 from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
 from coordinator.state.profilecache import PlanRead
-from coordinator.state.store import CloseLimits, GroupClose, GroupClosed
 from schemas.enums import GroupSignal
 
 
@@ -50,6 +50,7 @@ class MemoryStore:
         self.verdicts: list[str] = []
         self.counters: dict[str, int] = {}
         self.judged: dict[str, dict[str, float | None]] = {}  # keys.group_judged
+        self.reports_seen: dict[str, int] = {}  # keys.group_reports: a staged group's reports
         self._on_cancel: list[Callable[[str], None]] = []  # as keys.CANCELLED subscribers
         # Submitted invocations (keys.invocation_accepted / _result): (value, expires at)
         # on ``clock``, the TTL enforced as for cooldowns.
@@ -278,15 +279,33 @@ class MemoryStore:
     def report_member(
         self, o: MemberOutcome, settings: ProfileSettings, limits: OutcomeLimits
     ) -> bool:
+        closed = None
         with self._lock:
+            if o.staged and self._count_report(o.group_id) == 1 and o.close is not None:
+                close_limits = CloseLimits(
+                    o.ttl_s, limits.profile_ttl_s, limits.trace_maxlen, limits.trace_ttl_s
+                )
+                if self._close(o.close, close_limits).applied:
+                    closed = o.close
+                    self.push_reply(o.group_id, o.closed_token, o.ttl_s)
             self.push_reply(o.group_id, o.report, o.ttl_s)
-            if not o.harvest or self.idem.setdefault(o.outcome_claim, o.owner) != o.owner:
-                return False
-            self.record_outcome(
-                o.candidate_id, o.cand_obs, o.link_id, o.src, o.dst, o.link_obs, o.report,
-                settings, limits,
-            )  # fmt: skip
-            return True
+            recorded = o.harvest and self.idem.setdefault(o.outcome_claim, o.owner) == o.owner
+            if recorded:
+                self.record_outcome(
+                    o.candidate_id, o.cand_obs, o.link_id, o.src, o.dst, o.link_obs, o.report,
+                    settings, limits,
+                )  # fmt: skip
+        if closed is not None and closed.signal is GroupSignal.CANCELLED:
+            self._publish_cancel(o.group_id)
+        return recorded
+
+    def _count_report(self, group_id: str) -> int:
+        with self._lock:
+            n = self.reports_seen[group_id] = self.reports_seen.get(group_id, 0) + 1
+            return n
+
+    def hold_close(self, group_id: str, ttl_s: float) -> None:
+        self._count_report(group_id)
 
     def incr_metrics(self, counts: Mapping[str, int], ttl_s: float) -> None:
         with self._lock:
@@ -299,6 +318,14 @@ class MemoryStore:
 
     def close_group(self, close: GroupClose, limits: CloseLimits) -> GroupClosed:
         """As RedisStore.close_group's script: once per group, all or nothing."""
+        closed = self._close(close, limits)
+        if closed.applied and close.signal is GroupSignal.CANCELLED:
+            self._publish_cancel(close.group_id)
+        return closed
+
+    def _close(self, close: GroupClose, limits: CloseLimits) -> GroupClosed:
+        """The close's writes, under the lock (a cancel is published by the caller, outside
+        it, as a subscriber runs elsewhere)."""
         g = close.group_id
         with self._lock:
             if g in self.claims:
@@ -310,6 +337,4 @@ class MemoryStore:
             self.incr_metrics(close.counts, limits.metrics_ttl_s)
             self.verdicts.append(close.verdict)
             del self.verdicts[: -limits.trace_maxlen]
-        if close.signal is GroupSignal.CANCELLED:
-            self._publish_cancel(g)
         return GroupClosed(True, close.winner_member)

@@ -22,7 +22,6 @@ import functools
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
@@ -40,6 +39,7 @@ from coordinator.core.profiles import (
 )
 from coordinator.errors import StoreError
 from coordinator.state import keys
+from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed
 from coordinator.state.codec import text
 from coordinator.state.epochs import (
     DeltaWrite,
@@ -50,7 +50,7 @@ from coordinator.state.epochs import (
     write_delta,
 )
 from coordinator.state.lean import lean_for
-from coordinator.state.lua import lua
+from coordinator.state.lua import script
 from coordinator.state.memberops import OutcomeLimits, RedisMemberOps
 from coordinator.state.outcomes import RedisOutcomes
 from coordinator.state.profilecache import RedisPlanReads
@@ -58,39 +58,6 @@ from coordinator.state.sideops import RedisSideOps
 from schemas.enums import GroupSignal
 
 _MS = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class GroupClose:
-    """What closing a group writes: the members' signal, the winner claim (None: no
-    winner), the operator counters and the verdict record (``GroupVerdict`` JSON, appended
-    to the trace stream for the harvester)."""
-
-    group_id: str
-    signal: GroupSignal
-    winner_member: str | None
-    counts: Mapping[str, int]
-    verdict: str
-
-
-@dataclass(frozen=True, slots=True)
-class CloseLimits:
-    """TTLs and the stream cap a group is closed with (HacoSettings')."""
-
-    group_ttl_s: float
-    metrics_ttl_s: float
-    trace_maxlen: int
-    trace_ttl_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class GroupClosed:
-    """The result of a close: ``applied`` when this call closed the group (False: it was
-    closed before, and nothing was written), and the winner it was closed with (None:
-    none)."""
-
-    applied: bool
-    winner_member: str | None
 
 
 def _signal(raw: object) -> GroupSignal | None:
@@ -141,7 +108,7 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
         self.r = client
         self.profile_settings = profile_settings or ProfileSettings()
         self._lean = lean_for(client)  # the hot path's calls (coordinator.state.lean)
-        self._close = self._lean.script(lua("close_group"))  # EVALSHA: sent once
+        self._close = self._lean.script(script("close_group"))  # EVALSHA: sent once
         self._init_member_ops(client)
         self._init_plan_reads(client, view_max_age_s)
         # Threads of one worker that fold into the same delta key would make each other's
@@ -377,6 +344,19 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
             return GroupClosed(bool(applied), text(holder) or None)
 
         return self._guard("close a group", run)
+
+    def hold_close(self, group_id: str, ttl_s: float) -> None:
+        """Its coordinator gave up on a member: the group's first report no longer closes
+        it (keys.group_reports), so the close, made by the coordinator, counts that member."""
+        key, px = keys.group_reports(group_id), max(1, int(ttl_s * _MS))
+
+        def count() -> None:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.incr(key)
+            pipe.pexpire(key, px)
+            pipe.execute()
+
+        self._guard("hold a group's close", count)
 
     def metrics(self) -> dict[str, int]:
         raw = self._guard("read metrics", lambda: self.r.hgetall(keys.METRICS))
