@@ -73,6 +73,11 @@ class HacoSettings(BaseSettings):
     # Keep losers running after a winner so their traces feed the profiles (the paper);
     # False cancels them to save cost.
     cancel_losers: bool = False
+    # A group whose first report can decide it (winner_mode first, or ranked for its rank
+    # 0; every member launched at once, no stream) is closed by the winning member's own
+    # report script (coordinator/state/closing.py): the caller's close round trip is
+    # saved. False: the coordinator always closes its groups.
+    close_in_report: bool = True
     # A running member learns of its group's cancel from its worker process's cancel
     # watcher (coordinator/state/cancelwatch.py), in memory. A backend that cannot wait
     # on it (or a member without a watcher, which then reads Redis) checks this often:

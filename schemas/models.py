@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from schemas.backends import ENDPOINT_SETTINGS
 from schemas.enums import (
     FailureKind,
+    GroupSignal,
     GroupState,
     LaunchMode,
     MemberStatus,
@@ -209,6 +210,18 @@ class MemberTask(_Strict):
     # A relayed stream: the Redis stream (coordinator.state.keys.member_chunks) the member
     # appends its content deltas to as they arrive, then an end entry.
     stream_to: str | None = Field(default=None, max_length=160)
+    # The close of its group should this member win with the group's first report (a
+    # staged close, coordinator.state.closing; None: its coordinator closes the group).
+    close: StagedClose | None = None
+
+    @model_validator(mode="after")
+    def _own_close(self) -> MemberTask:
+        if self.close is not None and self.close.verdict.winner_member != self.member_id:
+            raise ValueError(
+                f"close.verdict.winner_member={self.close.verdict.winner_member!r}; "
+                f"expected this member, {self.member_id!r}"
+            )
+        return self
 
 
 class MemberReport(_Strict):
@@ -240,7 +253,7 @@ class GroupVerdict(_Strict):
     winner_mode: WinnerMode
     started_at_s: NonNegative  # epoch seconds: the group was planned
     decided_at_s: NonNegative  # epoch seconds: the verdict
-    latency_s: NonNegative  # what the caller waited
+    latency_s: NonNegative  # what the caller waited (staged close: until the winner's report)
     planned: Count
     launched: Count
     succeeded: Count = 0
@@ -275,3 +288,26 @@ class GroupVerdict(_Strict):
                 f"decided_at_s={self.decided_at_s} is before started_at_s={self.started_at_s}"
             )
         return self
+
+
+class StagedClose(_Strict):
+    """A member's group closed by that member's report, should it be the group's first
+    report and a success (coordinator.state.closing): the members' signal, the operator
+    counters and the verdict (``won``, this member the winner), as its coordinator would
+    close the group then. The worker fills in ``decided_at_s`` and ``latency_s`` at the
+    report; the rest is fixed when the member is launched."""
+
+    signal: GroupSignal
+    counts: dict[str, Count]
+    verdict: GroupVerdict
+
+    @model_validator(mode="after")
+    def _a_win(self) -> StagedClose:
+        if self.signal is GroupSignal.OPEN:
+            raise ValueError("signal=open; expected resolved or cancelled: a close ends the group")
+        if self.verdict.state is not GroupState.WON:
+            raise ValueError(f"verdict.state={self.verdict.state.value}; expected won")
+        return self
+
+
+MemberTask.model_rebuild()

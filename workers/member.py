@@ -5,7 +5,9 @@ Order of work: check the group (a cancelled, resolved-and-cancelling or vanished
 member never starts; nor one past its deadline), run the backend with a cooperative
 cancel check, commit the side effect at most once per idempotency key, then report:
 the reply first (it is on the caller's critical path), then the shared profiles, the
-hedge-delay window and the trace stream (harvesting). The start and the report are one
+hedge-delay window and the trace stream (harvesting); a member that carries its group's
+close makes it when its report is the group's first and a success
+(coordinator.state.closing). The start and the report are one
 Redis round trip each (coordinator.state.memberops); a member that wakes an idle member
 lane makes its start in the lane's round trip that records its message instead
 (:func:`begin_member`, :func:`run_begun`: workers.lane). Last, a success that came back
@@ -30,6 +32,7 @@ from coordinator.errors import StoreError
 from coordinator.runtime import liveness
 from coordinator.runtime.ports import DelayWindow, RuntimeStore
 from coordinator.state.cancelwatch import CancelWatcher, Watch
+from coordinator.state.closing import GroupClose, closed_token
 from coordinator.state.memberops import (
     BrokerAck,
     MemberOutcome,
@@ -321,7 +324,29 @@ def _cool_down(task: MemberTask, ttl_s: float, ctx: MemberContext) -> None:
 
 
 def _reply(task: MemberTask, report: MemberReport, ctx: MemberContext) -> None:
-    ctx.store.push_reply(task.group_id, report.model_dump_json(), ctx.settings.group_ttl_s)
+    raw, ttl_s = report.model_dump_json(), ctx.settings.group_ttl_s
+    if task.close is None:
+        ctx.store.push_reply(task.group_id, raw, ttl_s)
+        return
+    # A staged group counts every report (coordinator.state.closing), this one too.
+    s = ctx.settings
+    limits = OutcomeLimits(s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s)
+    outcome = MemberOutcome(task.group_id, raw, ttl_s, False, staged=True)
+    ctx.store.report_member(outcome, ctx.profile_settings, limits)
+
+
+def _won_close(task: MemberTask, report: MemberReport, now: float) -> GroupClose | None:
+    """The group's close this report makes should it be the group's first (a staged
+    close: coordinator.state.closing): a success's, decided now; None for a failure, or
+    past the deadline, when the coordinator closes the group itself (and a report that
+    late may outlive the group's keys, which would let it close the group again)."""
+    if task.close is None or not report.trace.success or now > task.deadline_at_s:
+        return None
+    v = task.close.verdict
+    decided = max(now, v.started_at_s)
+    verdict = v.model_copy(update={"decided_at_s": decided, "latency_s": decided - v.started_at_s})
+    c = task.close
+    return GroupClose(task.group_id, c.signal, task.member_id, c.counts, verdict.model_dump_json())
 
 
 def _report_and_harvest(
@@ -346,7 +371,8 @@ def _report_and_harvest(
         task.group_id, report.model_dump_json(), s.group_ttl_s, True,
         liveness.outcome_key(task.member_id), liveness.WORKER, task.candidate.id, obs,
         link_id(src, dst), src, dst, legs, task.candidate.role,
-        latency if in_store else None, s.hedge_delay_window, ack,
+        latency if in_store else None, s.hedge_delay_window, ack, task.close is not None,
+        _won_close(task, report, ctx.clock()), closed_token(task.rank),
     )  # fmt: skip
     limits = OutcomeLimits(s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s)
     recorded = store.report_member(outcome, ctx.profile_settings, limits)

@@ -45,6 +45,7 @@ from coordinator.runtime.group import (
     group_verdict,
     launched_reports,
     metrics,
+    stage_closes,
     summaries,
     won_result,
 )
@@ -60,7 +61,7 @@ from coordinator.runtime.ports import DelayWindow, Dispatcher, HedgeBudget, Runt
 from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.runtime.viewing import Views
 from coordinator.state import keys
-from coordinator.state.closing import CloseLimits, GroupClose
+from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed, parse_closed
 from schemas.enums import GroupSignal, GroupState, LaunchMode, MemberStatus
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 
@@ -187,6 +188,8 @@ class Coordinator:
     def _launch_initial(self, g: Group) -> None:
         """The initial launches (also runtime.aio's) in one send_many: one round trip."""
         sends = [p for x in g.launcher.initial() if (p := self._prepare(g, x)) is not None]
+        if self.settings.close_in_report:
+            sends = stage_closes(g, sends, self.settings.cancel_losers)
         opening, g.opening = g.opening, None
         if sends:
             self.dispatcher.send_many(sends, opening)
@@ -227,6 +230,8 @@ class Coordinator:
         return cand.zone, task
 
     def _verdict(self, g: Group) -> Verdict:
+        if g.closed_by is not None and g.reports[g.closed_by] is not None:
+            return Verdict(True, g.closed_by)  # its own report closed the group: it won
         # A member given up on (core.patience) reads as failed: it holds back no one.
         v = verdict(g.call.winner_mode, g.watch.reports(launched_reports(g), g.t0))
         if v.all_failed and g.launcher.pending:
@@ -286,7 +291,11 @@ class Coordinator:
     def _on_entry(self, g: Group, raw: str) -> None:
         rank = parse_started(raw)
         if rank is None:
-            self._on_report(g, MemberReport.model_validate_json(raw))
+            won = parse_closed(raw)
+            if won is None:
+                self._on_report(g, MemberReport.model_validate_json(raw))
+            elif g.staged and won < len(g.candidates):
+                g.closed_by = won  # its report, next on the list, closed the group
         elif rank < len(g.candidates):
             wait = g.watch.on_started(rank, self.clock())
             if wait is not None:
@@ -296,6 +305,10 @@ class Coordinator:
         """Members not started in time, or started and silent past their patience, no
         longer hold the group back: a failure for the launcher (a replacement is due)."""
         for rank in g.watch.due(now):
+            if g.staged and not g.close_held and len(g.candidates) > 1:
+                # Its close must count this member as given up: no report closes it now.
+                self.store.hold_close(g.id, self.settings.group_ttl_s)
+                g.close_held = True
             if g.watch.started(rank):
                 g.launcher.on_report(False)
             elif self.lost.claim_start(g.member_id(rank)):  # never: its zone is dark
@@ -337,22 +350,10 @@ class Coordinator:
         winner_id = g.member_id(win) if win is not None else None
         members, _ = summaries(g, now, cancel)
         record = group_verdict(g, state, winner_id, members, now)
-        s = self.settings
-        # One atomic step: the signal (losers see it at their next poll), the winner claim
-        # (exactly one outcome per group), the operator counters and the verdict record.
-        closed = self.store.close_group(
-            GroupClose(
-                g.id,
-                GroupSignal.CANCELLED if cancel else GroupSignal.RESOLVED,
-                winner_id,
-                metrics(g, state, win),
-                record.model_dump_json(),
-            ),
-            CloseLimits(
-                s.group_ttl_s, s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s
-            ),
-        )
+        closed = self._close(g, state, win, cancel, record.model_dump_json())
         if closed.winner_member != winner_id:
+            if (won := self._adopt(g, closed.winner_member)) is not None:
+                return self._finish(g, Verdict(True, won))
             # Another process closed this group first, with another outcome: its claim
             # holds, and this coordinator declares no second one.
             raise WinnerConflictError(g.id, winner_id, closed.winner_member)
@@ -365,6 +366,39 @@ class Coordinator:
         if state is GroupState.DEADLINE:
             raise DeadlineError(g.id, g.call.deadline_s, failures)
         raise AllFailedError(g.id, failures)
+
+    def _close(
+        self, g: Group, state: GroupState, win: int | None, cancel: bool, record: str
+    ) -> GroupClosed:
+        """One atomic step: the signal (losers see it at their next poll), the winner claim
+        (one outcome per group), the operator counters and the verdict ``record``; made
+        already when the winner's own report closed the group (coordinator.state.closing)."""
+        winner_id = g.member_id(win) if win is not None else None
+        if win is not None and win == g.closed_by:
+            return GroupClosed(True, winner_id)
+        signal = GroupSignal.CANCELLED if cancel else GroupSignal.RESOLVED
+        s = self.settings
+        limits = CloseLimits(
+            s.group_ttl_s, s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s
+        )
+        close = GroupClose(g.id, signal, winner_id, metrics(g, state, win), record)
+        return self.store.close_group(close, limits)
+
+    def _adopt(self, g: Group, holder: str | None) -> int | None:
+        """The rank whose report closed the group (a staged close) while this coordinator
+        decided otherwise (it gave up on that member, or its deadline came first): that
+        close holds, and its token and report are on the reply list, read here. None: the
+        group was closed by another process, or the report is not there."""
+        if not g.staged or holder is None:
+            return None
+        while g.closed_by is None or g.reports[g.closed_by] is None:
+            entries = self.store.pop_replies(g.id, 0.0, REPLY_BATCH)
+            if not entries:
+                return None
+            for raw in entries:
+                if raw != WAKE:
+                    self._on_entry(g, raw)
+        return g.closed_by if g.member_id(g.closed_by) == holder else None
 
     def _record_lost(self, g: Group, now: float, cancel: bool) -> None:
         """Members launched without a report count against their candidate or its link

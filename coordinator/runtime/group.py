@@ -19,8 +19,15 @@ from coordinator.runtime.pool import CallSettings
 from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.runtime.timers import TIMERS, Handle, Timers
 from coordinator.state.opening import GroupOpening
-from schemas.enums import GroupState, MemberStatus, WinnerMode
-from schemas.models import Candidate, GroupVerdict, MemberReport, RoleInvocation
+from schemas.enums import GroupSignal, GroupState, MemberStatus, WinnerMode
+from schemas.models import (
+    Candidate,
+    GroupVerdict,
+    MemberReport,
+    MemberTask,
+    RoleInvocation,
+    StagedClose,
+)
 
 
 class Alarm:
@@ -68,6 +75,12 @@ class Group:
     credited: bool = False  # the hedge budget is credited by the plan (no earn() due)
     # Still to open with the initial launches: the plan read nothing (a fresh cached view).
     opening: GroupOpening | None = None
+    # A staged close (coordinator.state.closing): its members carry the group's close
+    # should they win with its first report; ``closed_by`` is the rank whose report did
+    # (its closed token), ``close_held`` that this coordinator took the close back.
+    staged: bool = False
+    closed_by: int | None = None
+    close_held: bool = False
 
     def member_id(self, rank: int) -> str:
         return f"{self.id}.{rank}"
@@ -165,6 +178,52 @@ def won_result(g: Group, win: int, members: list[MemberSummary], now: float) -> 
         rep.output if rep else None, rep.trace.quality if rep else None,
         g.decision.p_success, g.decision.stop, now - g.t0, members, g.backups,
     )  # fmt: skip
+
+
+def stages_close(g: Group, rank: int) -> bool:
+    """Whether the member of ``rank`` wins ``g`` outright should its report be the group's
+    first and a success, so it can carry the group's close (a staged close): every
+    member is launched (no later launch changes the counts), no stream is relayed, and
+    the rule is ``first`` (any rank) or ``ranked`` (rank 0: no one ranks above it)."""
+    if g.stream or g.launcher.launched != len(g.candidates):
+        return False
+    mode = g.call.winner_mode
+    return mode is WinnerMode.FIRST or (mode is WinnerMode.RANKED and rank == 0)
+
+
+def staged_close(g: Group, rank: int, cancel: bool) -> StagedClose:
+    """The close of ``g`` as the coordinator would make it on the member of ``rank``
+    winning with the group's first report: every other member cancelled (``cancel``,
+    HacoSettings.cancel_losers) or kept running. The worker fills in when it was decided."""
+    other = MemberStatus.CANCELLED if cancel else MemberStatus.RUNNING
+    members = [
+        MemberSummary(
+            g.member_id(r), c.id, c.zone, r, MemberStatus.SUCCEEDED if r == rank else other,
+            g.launched_at[r] is not None,
+        )
+        for r, c in enumerate(g.candidates)
+    ]  # fmt: skip
+    record = group_verdict(g, GroupState.WON, g.member_id(rank), members, g.t0)
+    return StagedClose(
+        signal=GroupSignal.CANCELLED if cancel else GroupSignal.RESOLVED,
+        counts=metrics(g, GroupState.WON, rank),
+        # As judging.settle records it for these two rules.
+        verdict=record.model_copy(update={"winner_rule": g.call.winner_mode}),
+    )
+
+
+def stage_closes(
+    g: Group, sends: list[tuple[str, MemberTask]], cancel: bool
+) -> list[tuple[str, MemberTask]]:
+    """The initial sends, each member that would win with the group's first report
+    carrying the group's close (HacoSettings.close_in_report); marks ``g`` staged."""
+    out = []
+    for zone, task in sends:
+        staged = stages_close(g, task.rank)
+        g.staged = g.staged or staged
+        close = staged_close(g, task.rank, cancel) if staged else None
+        out.append((zone, task.model_copy(update={"close": close}) if staged else task))
+    return out
 
 
 def final_state(g: Group, winner: int | None, now: float) -> GroupState:
