@@ -349,8 +349,8 @@ class Coordinator:
         win = v.winner if state is GroupState.WON else None
         winner_id = g.member_id(win) if win is not None else None
         members, _ = summaries(g, now, cancel)
-        record = group_verdict(g, state, winner_id, members, now)
-        closed = self._close(g, state, win, cancel, record.model_dump_json())
+        record = functools.partial(group_verdict, g, state, winner_id, members, now)
+        closed = self._close(g, state, win, cancel, lambda: record().model_dump_json())
         if closed.winner_member != winner_id:
             if (won := self._adopt(g, closed.winner_member)) is not None:
                 return self._finish(g, Verdict(True, won))
@@ -368,7 +368,7 @@ class Coordinator:
         raise AllFailedError(g.id, failures)
 
     def _close(
-        self, g: Group, state: GroupState, win: int | None, cancel: bool, record: str
+        self, g: Group, state: GroupState, win: int | None, cancel: bool, record: Callable[[], str]
     ) -> GroupClosed:
         """One atomic step: the signal (losers see it at their next poll), the winner claim
         (one outcome per group), the operator counters and the verdict ``record``; made
@@ -381,7 +381,7 @@ class Coordinator:
         limits = CloseLimits(
             s.group_ttl_s, s.profile_ttl_s, s.trace_stream_maxlen, s.trace_stream_ttl_s
         )
-        close = GroupClose(g.id, signal, winner_id, metrics(g, state, win), record)
+        close = GroupClose(g.id, signal, winner_id, metrics(g, state, win), record())
         return self.store.close_group(close, limits)
 
     def _adopt(self, g: Group, holder: str | None) -> int | None:

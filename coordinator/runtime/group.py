@@ -10,6 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from coordinator.core.methods import Decision
 from coordinator.core.patience import GaveUp, Watch
@@ -123,13 +124,19 @@ def group_verdict(
     g: Group, state: GroupState, winner: str | None, members: list[MemberSummary], now: float
 ) -> GroupVerdict:
     """The record of the group's outcome the harvester upserts into ``invocations``."""
+    return GroupVerdict(**_verdict_fields(g, state, winner, members, now))
+
+
+def _verdict_fields(
+    g: Group, state: GroupState, winner: str | None, members: list[MemberSummary], now: float
+) -> dict[str, Any]:
     by_status = Counter(m.status for m in members if m.launched)
-    return GroupVerdict(
+    return dict(
         group_id=g.id,
         role=g.role,
         state=state,
         winner_member=winner,
-        p_success=g.decision.p_success,
+        p_success=float(g.decision.p_success),
         stop=g.decision.stop,
         launch_mode=g.call.launch_mode,
         winner_mode=g.call.winner_mode,
@@ -203,12 +210,13 @@ def staged_close(g: Group, rank: int, cancel: bool) -> StagedClose:
         )
         for r, c in enumerate(g.candidates)
     ]  # fmt: skip
-    record = group_verdict(g, GroupState.WON, g.member_id(rank), members, g.t0)
-    return StagedClose(
+    record = _verdict_fields(g, GroupState.WON, g.member_id(rank), members, g.t0)
+    record["winner_rule"] = g.call.winner_mode  # as judging.settle records it for these rules
+    # Not validated here, on the caller's path: the worker validates the task it takes.
+    return StagedClose.model_construct(
         signal=GroupSignal.CANCELLED if cancel else GroupSignal.RESOLVED,
         counts=metrics(g, GroupState.WON, rank),
-        # As judging.settle records it for these two rules.
-        verdict=record.model_copy(update={"winner_rule": g.call.winner_mode}),
+        verdict=GroupVerdict.model_construct(**record),
     )
 
 
