@@ -1,4 +1,5 @@
-"""Redis's own time per member report (coordinator/state/member_report.lua), by part.
+"""Redis's own time per member report (coordinator/state/member_report.lua, then
+member_harvest.lua when the outcome is the worker's), by part.
 
     python -m bench.reportscript [--n 2000] [--rounds 3] [--json PATH]
 
@@ -50,14 +51,15 @@ def _outcome(case: str, i: int, now: float) -> MemberOutcome:
 
 
 def server_us(r: redis.Redis, store: RedisStore, case: str, n: int, base: int) -> float:
-    """Server µs per report script of ``n`` reports of ``case``, sent one after another
-    (only this process talks to the server: every EVALSHA counted is one of them)."""
+    """Server µs per report (its scripts together) of ``n`` reports of ``case``, sent one
+    after another (only this process talks to the server: every EVALSHA counted is one
+    of them)."""
     settings = ProfileSettings()
     r.config_resetstat()
     for i in range(base, base + n):
         store.report_member(_outcome(case, i, time.time()), settings, LIMITS)
     stat = r.info("commandstats").get("cmdstat_evalsha", {})
-    return int(stat.get("usec", 0)) / max(1, int(stat.get("calls", 0)))
+    return int(stat.get("usec", 0)) / n
 
 
 def run(url: str, n: int, rounds: int) -> dict[str, Any]:

@@ -3,15 +3,16 @@ same code runs in a Celery worker and in the in-process dispatcher.
 
 Order of work: check the group (a cancelled, resolved-and-cancelling or vanished group's
 member never starts; nor one past its deadline), run the backend with a cooperative
-cancel check, commit the side effect at most once per idempotency key, then report:
-the reply first (it is on the caller's critical path), then the shared profiles, the
-hedge-delay window and the trace stream (harvesting); a member that carries its group's
-close makes it when its report is the group's first and a success
-(coordinator.state.closing). The start and the report are one
-Redis round trip each (coordinator.state.memberops); a member that wakes an idle member
-lane makes its start in the lane's round trip that records its message instead
-(:func:`begin_member`, :func:`run_begun`: workers.lane). Last, a success that came back
-without a judged quality (a real backend) goes to the judge, when one is configured.
+cancel check, commit the side effect at most once per idempotency key, then report: the
+reply first (it is on the caller's critical path), with the hedge-delay sample and, for a
+member that carries its group's close, that close when its report is the group's first
+and a success (coordinator.state.closing); then, once the reply is written, what the call
+taught into the shared profiles and the trace stream (harvesting). The start is one Redis
+round trip, the report one and its harvest another (coordinator.state.memberops); a
+member that wakes an idle member lane makes its start in the lane's round trip that
+records its message instead (:func:`begin_member`, :func:`run_begun`: workers.lane).
+Last, a success that came back without a judged quality (a real backend) goes to the
+judge, when one is configured.
 """
 
 from __future__ import annotations

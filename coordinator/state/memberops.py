@@ -1,13 +1,16 @@
-"""A member's two writes on the worker's hot path, one Redis round trip each.
+"""A member's writes on the worker's hot path: its start, its report, its harvest.
 
 - :meth:`RedisMemberOps.start_member` (``start_claim.lua`` + ``member_start.lua``): the
   group's signal, the start claim and the started token. An idle member lane makes the
   same start in the round trip that records the member's message (``lane_start.lua``,
   :func:`start_call`).
-- :meth:`RedisMemberOps.report_member` (``profile_fold.lua`` + ``member_report.lua``):
-  the reply, the outcome claim, the hedge-delay sample, the profile fold into the
-  current epoch's deltas and the trace, atomically. The fold runs in the script, so
-  concurrent workers never retry a transaction or queue on a lock.
+- :meth:`RedisMemberOps.report_member`: ``member_report.lua``, the reply (with a staged
+  close, coordinator.state.closing), the outcome claim and the hedge-delay sample; then,
+  when the outcome is this worker's, ``member_harvest.lua`` (with ``profile_fold.lua``):
+  the profile fold into the current epoch's deltas and the trace, atomically, and the
+  message's ack. Two round trips, so that the caller's reply is written before the fold
+  runs (Redis answers a blocked caller only after every command of the same turn). The
+  fold runs in the script, so concurrent workers never retry or queue on a lock.
 
 The in-memory twin is :class:`coordinator.state.memstore.MemoryStore`'s methods of the
 same names. Key names: :mod:`coordinator.state.keys` (``idempotency`` holds the start
@@ -162,7 +165,7 @@ def decay_args(settings: ProfileSettings) -> list[str | int | float]:
 
 
 def _close_args(o: MemberOutcome, limits: OutcomeLimits) -> list[str | int]:
-    """member_report.lua's ARGV from 25: the staged close this report makes should it be
+    """member_report.lua's ARGV from 13: the staged close this report makes should it be
     its group's first (the metrics' TTL is the profiles', as the coordinator's close)."""
     c = o.close
     if c is None or not o.staged:
@@ -190,6 +193,7 @@ class RedisMemberOps:
         lean = lean_for(client)  # EVALSHA without redis-py's per-command path
         self._start_script = lean.script(script("member_start"))
         self._report_script = lean.script(script("member_report"))
+        self._harvest_script = lean.script(script("member_harvest"))
 
     def start_member(self, s: MemberStart) -> tuple[GroupSignal | None, Started]:
         """The group's signal at the start, and whether the member runs."""
@@ -203,31 +207,38 @@ class RedisMemberOps:
     def report_member(
         self, o: MemberOutcome, settings: ProfileSettings, limits: OutcomeLimits
     ) -> bool:
-        """Reply, then (``harvest``, and the outcome is this worker's) delay sample,
-        profile fold and trace, in one script; True when the outcome was recorded."""
-        report = self._report_script
+        """Reply and (``harvest``, and the outcome is this worker's) delay sample in one
+        script, then the profile fold and trace in a second, sent once the first answered;
+        True when the outcome was recorded."""
+        report, harvest = self._report_script, self._harvest_script
+        g, profile_ttl_ms = o.group_id, max(1, int(limits.profile_ttl_s * _MS))
+        db, tag = ("", "") if o.ack is None else (o.ack.db, o.ack.tag)
+        trace_args = [limits.trace_maxlen, max(1, int(limits.trace_ttl_s * _MS))]
         names = [
-            keys.group_replies(o.group_id), keys.idempotency(o.outcome_claim or "-"),
-            keys.PROFILE_EPOCH, keys.TRACES, keys.hedge_delay_window(o.role or "-"),
-            keys.PROFILE_VERSIONS, keys.UNACKED_INDEX, keys.UNACKED_HASH,
-            keys.group_reports(o.group_id), keys.group_state(o.group_id),
-            keys.group_winner(o.group_id), keys.METRICS, keys.CANCELLED,
+            keys.group_replies(g), keys.idempotency(o.outcome_claim or "-"),
+            keys.hedge_delay_window(o.role or "-"), keys.TRACES, keys.UNACKED_INDEX,
+            keys.UNACKED_HASH, keys.group_reports(g), keys.group_state(g),
+            keys.group_winner(g), keys.METRICS, keys.CANCELLED,
         ]  # fmt: skip
         args: list[str | int | float] = [
-            o.report, max(1, int(o.ttl_s * _MS)), o.owner, int(o.harvest), keys.DELTA_PREFIX,
-            o.candidate_id, "" if o.cand_obs is None else candidate_json(o.cand_obs),
-            o.link_id, o.src, o.dst, legs_json(o.link_obs) if o.link_obs else "",
-            *decay_args(settings), max(1, int(limits.profile_ttl_s * _MS)),
-            limits.trace_maxlen, max(1, int(limits.trace_ttl_s * _MS)),
+            o.report, max(1, int(o.ttl_s * _MS)), o.owner, int(o.harvest),
             "" if o.delay_s is None else repr(float(o.delay_s)), max(1, o.delay_window),
-            "" if o.ack is None else o.ack.db, "" if o.ack is None else o.ack.tag,
-            "1" if o.staged else "", *_close_args(o, limits),
+            profile_ttl_ms, db, tag, *trace_args, "1" if o.staged else "",
+            *_close_args(o, limits),
         ]  # fmt: skip
-
-        def run() -> bool:
-            return bool(report(keys=names, args=args))
-
-        recorded: bool = self._guard("report a member", run)
+        recorded = bool(self._guard("report a member", lambda: report(keys=names, args=args)))
+        if recorded:
+            names = [
+                keys.PROFILE_EPOCH, keys.TRACES, keys.PROFILE_VERSIONS, keys.UNACKED_INDEX,
+                keys.UNACKED_HASH,
+            ]  # fmt: skip
+            args = [
+                o.report, keys.DELTA_PREFIX, o.candidate_id,
+                "" if o.cand_obs is None else candidate_json(o.cand_obs),
+                o.link_id, o.src, o.dst, legs_json(o.link_obs) if o.link_obs else "",
+                *decay_args(settings), profile_ttl_ms, *trace_args, db, tag,
+            ]  # fmt: skip
+            self._guard("harvest a member", lambda: harvest(keys=names, args=args))
         if o.ack is not None:  # kombu's own ack of it has nothing left to remove
             SCRIPT_ACKS.add(o.ack.tag)
         return recorded
