@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -242,6 +243,13 @@ def test_the_queues_lists_are_kombus_priority_lists() -> None:
 def test_parse_entry_names_what_is_wrong(raw: bytes) -> None:
     with pytest.raises(BadMessage, match=r"not a Celery message|content type"):
         parse_entry(raw)
+
+
+def test_a_body_reads_as_json_loads_reads_it() -> None:
+    body = json.dumps([[{"x": "h\u00e9", "n": 2**70, "f": 0.1}], {}, {}]).encode()
+    assert task_payload(body) == json.loads(body)[0][0]
+    # kombu's encoder writes a non-finite float as Infinity, which only json.loads takes.
+    assert task_payload(b'[[{"u": Infinity}], {}, {}]') == {"u": math.inf}
 
 
 @pytest.mark.parametrize("body", [b"{}", b"[[], {}, {}]", b"nope"])

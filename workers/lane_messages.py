@@ -10,6 +10,20 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+_decode = msgspec.json.Decoder().decode
+
+
+def loads(raw: bytes) -> Any:
+    """JSON to Python objects as ``json.loads`` reads them, by msgspec's decoder (a few
+    times faster: an entry's envelope and body are most of the lane's own CPU), and by
+    ``json.loads`` for what msgspec refuses (kombu writes non-finite floats as Infinity)."""
+    try:
+        return _decode(raw)
+    except msgspec.DecodeError:
+        return json.loads(raw)
+
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
@@ -51,7 +65,7 @@ class BadMessage(ValueError):
 def parse_entry(raw: bytes) -> Delivery:
     """What the lane needs of a queue entry (kombu's JSON envelope)."""
     try:
-        message = json.loads(raw)
+        message = loads(raw)
         props, headers = message["properties"], message["headers"]
         if message.get("content-type") != "application/json":
             raise BadMessage(f"content type {message.get('content-type')!r}, not JSON")
@@ -78,7 +92,7 @@ def parse_entry(raw: bytes) -> Delivery:
 def task_payload(body: bytes) -> Any:
     """A member task's one argument from its body (protocol 2: [args, kwargs, embed])."""
     try:
-        args, kwargs, _embed = json.loads(body)
+        args, kwargs, _embed = loads(body)
         if args:
             return args[0]
         return kwargs["payload"]
