@@ -24,6 +24,7 @@ from bench.rtlib import (
     count_stream,
     own_latency,
     read_traces,
+    read_verdicts,
     summary_ms,
     timed_client,
 )
@@ -335,11 +336,14 @@ def loser(svc: Services, n: int) -> dict[str, Any]:
     finally:
         client.close()
     traces = read_traces(svc.app_redis, since)
+    verdicts = read_verdicts(svc.app_redis, since)
     stops: list[float] = []
     not_started = 0
     statuses: dict[str, int] = {}
     for gid in gids:
-        declared = marks.cancelled[gid]
+        # The cancel: the coordinator's close, or the winner's report that closed the
+        # group (a staged close: coordinator.state.closing), when its verdict was decided.
+        declared = marks.cancelled.get(gid) or verdicts[gid]["decided_at_s"]
         for m in traces.get(gid, []):
             if m["candidate_id"] != "stop-slow":
                 continue

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -332,21 +332,30 @@ def _after(entry_id: bytes) -> str:
     return f"{ms}-{int(seq) + 1}"
 
 
-def read_traces(r: redis.Redis, since_ms: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """Every member trace of the stream (XADD time >= since_ms), grouped by group id."""
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    start = f"{since_ms}-0"
+def _stream_values(r: redis.Redis, since_ms: int, field: str) -> Iterator[dict[str, Any]]:
+    """The JSON of ``field`` in every stream entry that has it (XADD time >= since_ms)."""
+    start, name = f"{since_ms}-0", field.encode()
     while True:
         batch = _xrange(r, start, "+", 2000)
         for _, fields in batch:
-            report = fields.get(keys.REPORT_FIELD.encode())
-            if report is None:
-                continue  # a group's verdict, not a member's trace
-            trace = json.loads(report)["trace"]
-            out[trace["group_id"]].append(trace)
+            if (value := fields.get(name)) is not None:
+                yield json.loads(value)
         if len(batch) < 2000:
-            return out
+            return
         start = _after(batch[-1][0])
+
+
+def read_traces(r: redis.Redis, since_ms: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """Every member trace of the stream (XADD time >= since_ms), grouped by group id."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for report in _stream_values(r, since_ms, keys.REPORT_FIELD):
+        out[report["trace"]["group_id"]].append(report["trace"])
+    return out
+
+
+def read_verdicts(r: redis.Redis, since_ms: int = 0) -> dict[str, dict[str, Any]]:
+    """Every group verdict of the stream (XADD time >= since_ms), by group id."""
+    return {v["group_id"]: v for v in _stream_values(r, since_ms, keys.VERDICT_FIELD)}
 
 
 def count_stream(r: redis.Redis, t0: float, t1: float) -> int:
