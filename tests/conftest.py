@@ -14,6 +14,10 @@ import redis
 from psycopg_pool import ConnectionPool
 from services import RunServices, fresh_database, open_pool
 
+from coordinator.runtime.ports import RuntimeStore
+from coordinator.state.memstore import MemoryStore
+from coordinator.state.store import RedisStore
+
 _SERVICES = pytest.StashKey[RunServices]()
 _STATE_DIR = pytest.StashKey[str]()
 
@@ -58,6 +62,15 @@ def run_services(pytestconfig: pytest.Config) -> RunServices:
 def redis_url(run_services: RunServices) -> str:
     """The URL of a Redis database this run has to itself (flush it with ``redis_db``)."""
     return run_services.redis_url()
+
+
+@pytest.fixture(params=["redis", "memory"])
+def store(request: pytest.FixtureRequest) -> RuntimeStore:
+    """A runtime store on each backend: Redis (this run's database) and in memory; a
+    test module may override it."""
+    if request.param == "redis":
+        return RedisStore(request.getfixturevalue("redis_db"))
+    return MemoryStore()
 
 
 @pytest.fixture

@@ -32,13 +32,6 @@ LIMITS = OutcomeLimits(profile_ttl_s=TTL, trace_maxlen=1000, trace_ttl_s=TTL)
 INF = ProfileSettings()
 
 
-@pytest.fixture(params=["redis", "memory"])
-def store(request: pytest.FixtureRequest) -> RuntimeStore:
-    if request.param == "redis":
-        return RedisStore(request.getfixturevalue("redis_db"))
-    return MemoryStore()
-
-
 def start(group: str = "g", past: bool = False) -> MemberStart:
     return MemberStart(group, f"start:{group}.0", "started:0", "worker", past, TTL)
 

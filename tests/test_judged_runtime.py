@@ -39,14 +39,6 @@ TTL = 60.0
 # ---------------------------------------------------------------- the judged hash
 
 
-@pytest.fixture(params=["redis", "memory"])
-def store(request: pytest.FixtureRequest) -> RuntimeStore:
-    if request.param == "redis":
-        client: redis.Redis = request.getfixturevalue("redis_db")
-        return RedisStore(client)
-    return MemoryStore()
-
-
 def test_judged_scores_and_wake_tokens(store: RuntimeStore) -> None:
     assert store.judged_scores("g") == {}
     store.record_judged("g", "g.0", 0.25, TTL)

@@ -1,15 +1,14 @@
 """A staged close (coordinator.state.closing): a member's report closes its group when it
 is the group's first report and a success. Every test runs on Redis (member_report.lua)
-and on the in-memory store."""
+and on the in-memory store (conftest's ``store``)."""
 
 from __future__ import annotations
 
-import pytest
 import redis
+from test_store import verdicts
 
 from coordinator.core.params import ProfileSettings
 from coordinator.runtime.ports import RuntimeStore
-from coordinator.state import keys
 from coordinator.state.closing import CloseLimits, GroupClose, closed_token, parse_closed
 from coordinator.state.memberops import MemberOutcome, OutcomeLimits
 from coordinator.state.memstore import MemoryStore
@@ -20,13 +19,6 @@ TTL = 60.0
 LIMITS = OutcomeLimits(profile_ttl_s=TTL, trace_maxlen=1000, trace_ttl_s=TTL)
 CLOSE_LIMITS = CloseLimits(TTL, TTL, 1000, TTL)
 INF = ProfileSettings()
-
-
-@pytest.fixture(params=["redis", "memory"])
-def store(request: pytest.FixtureRequest) -> RuntimeStore:
-    if request.param == "redis":
-        return RedisStore(request.getfixturevalue("redis_db"))
-    return MemoryStore()
 
 
 def won(rank: int, signal: GroupSignal = GroupSignal.RESOLVED) -> GroupClose:
@@ -46,15 +38,6 @@ def replies(store: RuntimeStore) -> list[str]:
     while (raw := store.pop_reply("g", 0)) is not None:
         out.append(raw)
     return out
-
-
-def verdicts(store: RuntimeStore) -> list[str]:
-    if isinstance(store, MemoryStore):
-        return list(store.verdicts)
-    assert isinstance(store, RedisStore)
-    entries: list[tuple[bytes, dict[bytes, bytes]]] = store.r.xrange(keys.TRACES)  # type: ignore[assignment]
-    field = keys.VERDICT_FIELD.encode()
-    return [fields[field].decode() for _, fields in entries if field in fields]
 
 
 def test_the_closed_token_names_the_winners_rank() -> None:

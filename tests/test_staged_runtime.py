@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from runtime_helpers import RETURNED, ROLE, Runtime, ScriptedBackend, Step, invocation, small_pool
 from test_liveness_inproc import DarkDispatcher, pool
+from test_store import verdicts
 
 from coordinator.config import HacoSettings
 from coordinator.core.winner import Verdict
@@ -22,7 +23,6 @@ from coordinator.runtime.coordinator import Coordinator
 from coordinator.runtime.dispatch import ThreadDispatcher
 from coordinator.runtime.pool import Pool
 from coordinator.runtime.ports import RuntimeStore
-from coordinator.state import keys
 from coordinator.state.budget import MemoryBudget
 from coordinator.state.cancelwatch import MemoryCancelWatcher
 from coordinator.state.hedgedelay import MemoryDelayWindow
@@ -113,14 +113,8 @@ def runtimes(stores: Stores) -> Iterator[Runtimes]:
 
 def verdict(store: RuntimeStore, group_id: str) -> GroupVerdict:
     """The group's one verdict record."""
-    if isinstance(store, MemoryStore):
-        raws = list(store.verdicts)
-    else:
-        assert isinstance(store, RedisStore)
-        entries: list[tuple[bytes, dict[bytes, bytes]]] = store.r.xrange(keys.TRACES)  # type: ignore[assignment]
-        field_ = keys.VERDICT_FIELD.encode()
-        raws = [fields[field_].decode() for _, fields in entries if field_ in fields]
-    (v,) = [v for raw in raws if (v := GroupVerdict.model_validate_json(raw)).group_id == group_id]
+    found = [GroupVerdict.model_validate_json(raw) for raw in verdicts(store)]
+    (v,) = [v for v in found if v.group_id == group_id]
     return v
 
 
