@@ -212,11 +212,10 @@ def staged_close(g: Group, rank: int, cancel: bool) -> StagedClose:
     ]  # fmt: skip
     record = _verdict_fields(g, GroupState.WON, g.member_id(rank), members, g.t0)
     record["winner_rule"] = g.call.winner_mode  # as judging.settle records it for these rules
-    # Not validated here, on the caller's path: the worker validates the task it takes.
-    return StagedClose.model_construct(
+    return StagedClose(
         signal=GroupSignal.CANCELLED if cancel else GroupSignal.RESOLVED,
         counts=metrics(g, GroupState.WON, rank),
-        verdict=GroupVerdict.model_construct(**record),
+        verdict=GroupVerdict(**record),
     )
 
 
