@@ -198,39 +198,36 @@ def stages_close(g: Group, rank: int) -> bool:
     return mode is WinnerMode.FIRST or (mode is WinnerMode.RANKED and rank == 0)
 
 
-def staged_close(g: Group, rank: int, cancel: bool) -> StagedClose:
-    """The close of ``g`` as the coordinator would make it on the member of ``rank``
-    winning with the group's first report: every other member cancelled (``cancel``,
-    HacoSettings.cancel_losers) or kept running. The worker fills in when it was decided."""
-    other = MemberStatus.CANCELLED if cancel else MemberStatus.RUNNING
-    members = [
-        MemberSummary(
-            g.member_id(r), c.id, c.zone, r, MemberStatus.SUCCEEDED if r == rank else other,
-            g.launched_at[r] is not None,
-        )
-        for r, c in enumerate(g.candidates)
-    ]  # fmt: skip
-    record = _verdict_fields(g, GroupState.WON, g.member_id(rank), members, g.t0)
-    record["winner_rule"] = g.call.winner_mode  # as judging.settle records it for these rules
-    return StagedClose(
-        signal=GroupSignal.CANCELLED if cancel else GroupSignal.RESOLVED,
-        counts=metrics(g, GroupState.WON, rank),
-        verdict=GroupVerdict(**record),
-    )
-
-
 def stage_closes(
     g: Group, sends: list[tuple[str, MemberTask]], cancel: bool
 ) -> list[tuple[str, MemberTask]]:
     """The initial sends, each member that would win with the group's first report
-    carrying the group's close (HacoSettings.close_in_report); marks ``g`` staged."""
-    out = []
-    for zone, task in sends:
-        staged = stages_close(g, task.rank)
-        g.staged = g.staged or staged
-        close = staged_close(g, task.rank, cancel) if staged else None
-        out.append((zone, task.model_copy(update={"close": close}) if staged else task))
-    return out
+    carrying the close its coordinator would make then (HacoSettings.close_in_report):
+    that member succeeded, every other cancelled (``cancel``, HacoSettings.cancel_losers)
+    or kept running; the worker fills in when it was decided. Marks ``g`` staged."""
+    ranks = {task.rank for _, task in sends if stages_close(g, task.rank)}
+    if not ranks:
+        return sends
+    g.staged = True
+    # The counts are the same whichever member wins: one verdict, its winner per rank.
+    other = MemberStatus.CANCELLED if cancel else MemberStatus.RUNNING
+    statuses = [MemberStatus.SUCCEEDED, *(other for _ in g.candidates[1:])]
+    members = [
+        MemberSummary(g.member_id(r), c.id, c.zone, r, s, g.launched_at[r] is not None)
+        for (r, c), s in zip(enumerate(g.candidates), statuses, strict=True)
+    ]
+    record = _verdict_fields(g, GroupState.WON, None, members, g.t0)
+    record["winner_rule"] = g.call.winner_mode  # as judging.settle records it for these rules
+    signal = GroupSignal.CANCELLED if cancel else GroupSignal.RESOLVED
+
+    def close(rank: int) -> StagedClose:
+        verdict = GroupVerdict(**{**record, "winner_member": g.member_id(rank)})
+        return StagedClose(signal=signal, counts=metrics(g, GroupState.WON, rank), verdict=verdict)
+
+    return [
+        (zone, task.model_copy(update={"close": close(task.rank)}) if task.rank in ranks else task)
+        for zone, task in sends
+    ]
 
 
 def final_state(g: Group, winner: int | None, now: float) -> GroupState:

@@ -46,6 +46,7 @@ from coordinator.core.params import ProfileSettings
 from coordinator.core.patience import Budgets, GaveUp, Watch, patience_s, start_timeout_s
 from coordinator.runtime.group import Group
 from coordinator.runtime.ports import RuntimeStore
+from coordinator.state.codec import rank_token
 from coordinator.state.memberops import OutcomeLimits
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import Candidate, MemberReport, MemberTrace
@@ -64,10 +65,7 @@ def started_token(rank: int) -> str:
 
 def parse_started(raw: str) -> int | None:
     """The rank of a started token, None for anything else (a report, a wake token)."""
-    if not raw.startswith(STARTED_PREFIX):
-        return None
-    tail = raw[len(STARTED_PREFIX) :]
-    return int(tail) if tail.isdigit() else None
+    return rank_token(STARTED_PREFIX, raw)
 
 
 def start_key(member_id: str) -> str:

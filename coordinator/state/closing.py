@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from coordinator.state.codec import rank_token
 from schemas.enums import GroupSignal
 
 CLOSED_PREFIX = "closed:"
@@ -30,10 +31,7 @@ def closed_token(rank: int) -> str:
 
 def parse_closed(raw: str) -> int | None:
     """The winner's rank of a closed token, None for anything else."""
-    if not raw.startswith(CLOSED_PREFIX):
-        return None
-    tail = raw[len(CLOSED_PREFIX) :]
-    return int(tail) if tail.isdigit() else None
+    return rank_token(CLOSED_PREFIX, raw)
 
 
 @dataclass(frozen=True, slots=True)

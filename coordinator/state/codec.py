@@ -18,6 +18,16 @@ _CAND_MOMENTS = ("quality", "latency", "tokens_in", "tokens_out")
 _LINK_MOMENTS = ("bandwidth", "rtt")
 
 
+def rank_token(prefix: str, raw: str) -> int | None:
+    """The member rank of a reply-list token ``<prefix><rank>`` (a started token,
+    coordinator.runtime.liveness; a closed token, coordinator.state.closing); None for
+    anything else (a report, a wake token, another kind of token)."""
+    if not raw.startswith(prefix):
+        return None
+    tail = raw[len(prefix) :]
+    return int(tail) if tail.isdigit() else None
+
+
 def text(value: bytes | str) -> str:
     """A Redis reply as text: clients here do not decode responses (bytes in, bytes out)."""
     return value.decode() if isinstance(value, bytes) else value
