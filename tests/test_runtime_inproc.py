@@ -338,6 +338,28 @@ def test_staggered_backup_launches_after_the_delay(make_runtime: MakeRuntime) ->
     assert (metrics["backups"], metrics["backup_wins"], metrics["hedged"]) == (1, 1, 1)
 
 
+def test_staggered_reads_the_hedge_delay_after_rank_zero_is_sent(
+    make_runtime: MakeRuntime,
+) -> None:
+    # Rank 0 does not wait for the delay's read: only the backup's timer needs it.
+    rt = scripted(make_runtime, Step(0.3), Step(0.005), initial_hedge_delay_s=0.02)
+    window, sent_at_read = rt.coordinator.delays, []
+
+    class Noting:
+        def record(self, role: str, latency_s: float) -> None:
+            window.record(role, latency_s)
+
+        def delay_s(self, role: str) -> float:
+            sent_at_read.append(len(rt.dispatcher.futures))
+            return window.delay_s(role)
+
+    rt.coordinator.delays = Noting()
+    result = rt.invoke(launch_mode=LaunchMode.STAGGERED, winner_mode=WinnerMode.FIRST)
+    assert sent_at_read == [1]  # read once, with rank 0 sent
+    assert result.candidate_id == "c1" and result.backups == 1  # and its timer used it
+    assert rt.backend.enqueued["c1"] - rt.backend.enqueued["c0"] >= 0.02
+
+
 def test_staggered_fast_rank_zero_needs_no_backup(make_runtime: MakeRuntime) -> None:
     rt = scripted(make_runtime, Step(0.005), Step(0.005), initial_hedge_delay_s=0.5)
     result = rt.invoke(launch_mode=LaunchMode.STAGGERED)

@@ -53,6 +53,11 @@ class Launcher:
         self.timer_on = True  # off after the budget refused a backup, until a failure
         self.succeeded = False
 
+    @property
+    def timed(self) -> bool:
+        """Whether a hedge timer can launch a member (it needs the hedge delay)."""
+        return self.mode is LaunchMode.STAGGERED and self.size > 1
+
     def initial(self) -> list[Launch]:
         n = self.size if self.mode is LaunchMode.PARALLEL else 1
         return [Launch(r, LaunchReason.INITIAL) for r in range(n)]

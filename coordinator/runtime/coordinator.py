@@ -62,7 +62,7 @@ from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.runtime.viewing import Views
 from coordinator.state import keys
 from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed, parse_closed
-from schemas.enums import GroupSignal, GroupState, LaunchMode, MemberStatus
+from schemas.enums import GroupSignal, GroupState, MemberStatus
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 
 Clock = Callable[[], float]
@@ -140,10 +140,8 @@ class Coordinator:
         if not inv.idempotent:
             members = members[:1]  # side effects: the best-ranked candidate alone
         t0 = self.clock()
-        # The rolling delay is read only when a timer can use it (a Redis round trip).
-        staggered = call.launch_mode is LaunchMode.STAGGERED and len(members) > 1
-        delay_s = self.delays.delay_s(inv.role) if staggered else math.inf
-        launcher = Launcher(call.launch_mode, len(members), delay_s, t0)
+        # No delay yet: it is read once rank 0 is on its way (_launch_initial).
+        launcher = Launcher(call.launch_mode, len(members), math.inf, t0)
         n = len(members)
         chosen = [cands[i] for i in members]
         t_proc = [float(view.stats.t_proc_s[i]) for i in members]
@@ -195,6 +193,10 @@ class Coordinator:
             self.dispatcher.send_many(sends, opening)
         elif opening is not None:
             opening.open()
+        if g.launcher.timed:
+            # The rolling delay (a Redis read) only when a timer can use it, and after
+            # rank 0's send: the backup's timer needs it, rank 0 does not wait for it.
+            g.launcher.delay_s = self.delays.delay_s(g.role)
 
     def _prepare(self, g: Group, launch: Launch) -> tuple[str, MemberTask] | None:
         """Charge ``launch`` (a backup) to the budget and note it launched; its (zone,
