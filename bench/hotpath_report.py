@@ -121,10 +121,21 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
                 "—",
                 f"p99 ≤ {GOALS['tail_p99_over_ideal']}× the ideal, extra load ≤ "
                 f"{GOALS['tail_extra_load']:.0%}",
-                f"{met(g['met'])} ({times(g['p99_over_ideal'])})",
+                f"{met(g['met'])} ({times(g['p99_over_ideal'])}{_interval(g)})",
             ]
         )
     return rows
+
+
+def _interval(g: Json) -> str:
+    """The tail ratio's 90% interval and its split into the policy's and the runtime's."""
+    ci = g.get("p99_over_ideal_ci90")
+    if not ci or g.get("same_draws_over_ideal") is None:
+        return ""
+    return (
+        f"; 90% interval {times(ci[0])}–{times(ci[1])} over {g.get('n')} calls; policy "
+        f"{times(g['same_draws_over_ideal'])}, runtime {times(g['runtime_over_same_draws'])}"
+    )
 
 
 def throughput_rows(tp: Json | None) -> list[list[str]]:

@@ -11,6 +11,7 @@ import pytest
 
 from bench.hotpath_goals import ideal_at, overhead_goals, tail_goals, throughput_goals
 from bench.hotpath_report import BEGIN, END, main
+from bench.rttail import p99_interval, same_draws
 
 DOC = """# Benchmarks
 
@@ -234,6 +235,40 @@ def test_goal_arithmetic() -> None:
     assert ideal_at(curve, 0.5) == pytest.approx(50.0)
     assert ideal_at([], 0.05) is None
     assert tail_goals(RUNTIME["results"]["tail"])["p99_over_ideal"] == pytest.approx(77 / 75)
+
+
+def test_tail_goal_splits_the_ratio_into_policy_and_runtime(tmp_path: Path) -> None:
+    res = copy.deepcopy(RUNTIME)
+    v = res["results"]["tail"]["variants"]["staggered-p95-b5"]
+    v.update(n=6000, p99_ms_ci90=[75.0, 82.5], same_draws={"p99_ms": 76.5})
+    g = tail_goals(res["results"]["tail"])
+    assert g["p99_over_ideal_ci90"] == pytest.approx([1.0, 1.1])
+    assert g["same_draws_over_ideal"] == pytest.approx(76.5 / 75)  # the policy's share
+    assert g["runtime_over_same_draws"] == pytest.approx(77 / 76.5)  # the runtime's
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, res))
+    row = _row(_block(doc.read_text(encoding="utf-8")), "staggered tail")
+    assert "90% interval 1.00×–1.10× over 6000 calls" in row
+    assert "policy 1.02×, runtime 1.01×" in row
+
+
+def test_same_draws_take_each_call_at_its_members_own_latencies() -> None:
+    def m(rank: int, start: float, end: float, status: str = "succeeded") -> dict[str, Any]:
+        return {"rank": rank, "started_at_s": start, "finished_at_s": end, "status": status}
+
+    traces = {
+        "a": [m(0, 10.0, 10.30), m(1, 10.1, 10.12)],  # the backup, 20 ms, after 100 ms
+        "b": [m(0, 5.0, 5.004), m(1, 5.0, 5.5, "cancelled")],
+        "c": [m(0, 1.0, 1.2, "failed")],  # no success: the measured latency stays
+    }
+    calls = [("a", 0.1), ("b", 0.1), ("c", 0.1)]
+    staggered = same_draws(calls, [0.125, 0.006, 0.3], traces, staggered=True)
+    assert staggered == pytest.approx([0.12, 0.004, 0.3])
+    parallel = same_draws(calls, [0.125, 0.006, 0.3], traces, staggered=False)
+    assert parallel[0] == pytest.approx(0.02)  # both at once: the faster draw
+    lo, hi = p99_interval([0.001 * i for i in range(1, 1001)])
+    assert lo < 990.0 < hi  # the p99 of 1..1000 ms lies inside its interval
 
 
 def test_missing_inputs_render_as_not_measured_and_a_placeholder(tmp_path: Path) -> None:
