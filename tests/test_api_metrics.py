@@ -189,7 +189,7 @@ def test_hedge_delay_gauge_follows_the_window(redis_db: redis.Redis) -> None:
 
 def test_an_unreadable_source_drops_its_samples_not_the_scrape(redis_db: redis.Redis) -> None:
     settings = HacoSettings()
-    redis_db.lpush(keys.hedge_delay_window(ROLE), b"not a number")
+    redis_db.set(keys.hedge_delay_ranked(ROLE), b"soon")  # not the sorted set it reads
     redis_db.hset(keys.BUDGET, "exhausted", b"many")
     metrics = ApiMetrics(
         delays=RedisDelayWindow(redis_db, settings),

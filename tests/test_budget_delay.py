@@ -258,6 +258,26 @@ def test_window_is_trimmed_to_size(backend: Backend) -> None:
     assert window.delay_s("r") == 5.0  # the old 100 s outliers have left the window
     if backend.client is not None:
         assert backend.client.llen(keys.hedge_delay_window("r")) == 5
+        assert backend.client.zcard(keys.hedge_delay_ranked("r")) == 5
+
+
+@pytest.mark.parametrize("percentile", [50.0, 90.0, 95.0, 99.0])
+def test_the_delay_follows_the_rolling_window_step_by_step(
+    backend: Backend, percentile: float
+) -> None:
+    # Repeated latencies too: each entry leaves the window once, however many share it.
+    rng = random.Random(int(percentile))
+    window = backend.delay(
+        hedge_delay_window=7, hedge_delay_min_samples=3, hedge_delay_percentile=percentile
+    )
+    seen: list[float] = []
+    for _ in range(60):
+        seen.append(rng.choice([0.5, 1.0, 1.0, 2.0, round(rng.uniform(0, 3), 3)]))
+        window.record("r", seen[-1])
+        last = seen[-7:]
+        want = 1.0 if len(last) < 3 else expected_percentile(last, percentile)
+        assert window.delay_s("r") == want
+        assert window.samples("r") == last[::-1]
 
 
 @pytest.mark.parametrize("bad", [-0.001, math.nan, math.inf, -math.inf, "0.5", None, True])
@@ -323,18 +343,24 @@ def test_redis_errors_become_store_errors() -> None:
             budget.snapshot()
         with pytest.raises(StoreError, match="haco:delay:r"):
             window.record("r", 1.0)
-        with pytest.raises(StoreError, match="haco:delay:r"):
+        with pytest.raises(StoreError, match=keys.hedge_delay_ranked("r")):
             window.delay_s("r")
+        with pytest.raises(StoreError, match=keys.hedge_delay_window("r")):
+            window.samples("r")
     finally:
         dead.close()
 
 
 def test_corrupt_redis_data_becomes_store_error(client: redis.Redis) -> None:
     client.rpush(keys.hedge_delay_window("r"), "fast")
+    client.set(keys.hedge_delay_ranked("r"), "1.0")  # a string where the sorted set goes
     client.hset(keys.BUDGET, "llm", "lots")
     settings = HacoSettings()
-    with pytest.raises(StoreError, match="haco:delay:r"):
-        RedisDelayWindow(client, settings).delay_s("r")
+    window = RedisDelayWindow(client, settings)
+    with pytest.raises(StoreError, match=keys.hedge_delay_window("r")):
+        window.samples("r")
+    with pytest.raises(StoreError, match=keys.hedge_delay_ranked("r")):
+        window.delay_s("r")
     with pytest.raises(StoreError, match=keys.BUDGET):
         RedisBudget(client, settings, clock=FakeClock()).snapshot()
 

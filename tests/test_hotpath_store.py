@@ -22,6 +22,7 @@ from coordinator.core.profiles import (
 from coordinator.runtime.ports import RuntimeStore
 from coordinator.state import keys
 from coordinator.state.codec import decode_candidate, decode_link
+from coordinator.state.hedgedelay import entry_latency
 from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
@@ -142,9 +143,12 @@ def test_a_report_writes_the_delay_sample_when_the_store_keeps_the_window(
     store = RedisStore(redis_db)
     for i in range(10):
         store.report_member(outcome(group=f"g{i}", cand_obs=OBS, delay_s=0.5 + i), INF, LIMITS)
-    window = [float(v) for v in redis_db.lrange(keys.hedge_delay_window("coder"), 0, -1)]
+    window = [entry_latency(v) for v in redis_db.lrange(keys.hedge_delay_window("coder"), 0, -1)]
     assert window == [9.5, 8.5, 7.5, 6.5, 5.5, 4.5, 3.5, 2.5]  # newest first, 8 kept
-    assert 0 < redis_db.pttl(keys.hedge_delay_window("coder")) <= TTL * 1000
+    ranked = redis_db.zrange(keys.hedge_delay_ranked("coder"), 0, -1, withscores=True)
+    assert [score for _, score in ranked] == sorted(window)  # the same 8, by latency
+    for key in (keys.hedge_delay_window("coder"), keys.hedge_delay_ranked("coder")):
+        assert 0 < redis_db.pttl(key) <= TTL * 1000
 
 
 def test_report_keys_carry_their_ttl(redis_db: redis.Redis) -> None:

@@ -196,10 +196,18 @@ published. TTL: profile_ttl_s."""
 
 
 def hedge_delay_window(role: str) -> str:
-    """List of recent completion latencies (seconds) of a role, newest first, trimmed to
-    settings.hedge_delay_window. Writers: a worker's report script (member_report.lua) or
-    RedisDelayWindow.record. TTL: profile_ttl_s, refreshed on write."""
+    """List of a role's recent completions, newest first, trimmed to
+    settings.hedge_delay_window: entries ``<latency s>|<id>`` (the id, a member's outcome
+    claim or a random one, keeps equal latencies apart in :func:`hedge_delay_ranked`).
+    Writers: a worker's report script (member_report.lua) or RedisDelayWindow.record,
+    both through delay_record.lua. TTL: profile_ttl_s, refreshed on write."""
     return f"{PREFIX}:delay:{role}"
+
+
+def hedge_delay_ranked(role: str) -> str:
+    """Sorted set of the same entries as :func:`hedge_delay_window`, scored by latency:
+    the hedge delay is one ranked read (delay_read.lua). Writers, TTL: as the list's."""
+    return f"{PREFIX}:delayrank:{role}"
 
 
 BUDGET = f"{PREFIX}:budget"

@@ -16,7 +16,8 @@ def lua(name: str) -> str:
 # Scripts that call Lua functions defined in other files (one function per file, shared
 # between scripts): the files sent before the script's own, in this order.
 PIECES: dict[str, tuple[str, ...]] = {
-    "member_report": ("broker_ack", "group_close"),
+    "member_report": ("broker_ack", "group_close", "delay_record"),
+    "delay_add": ("delay_record",),
     "member_harvest": ("broker_ack", "profile_fold"),
     "close_group": ("group_close",),
     "member_start": ("start_claim",),

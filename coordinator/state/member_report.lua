@@ -8,12 +8,12 @@
 -- Last, when nothing follows (no harvest, or not this worker's outcome), the member's
 -- Celery message is acknowledged (broker_ack.lua above), so the report and the ack are
 -- one step; else member_harvest.lua acknowledges it.
--- KEYS: 1 replies, 2 outcome claim, 3 delay window, 4 trace stream, 5 kombu's unacked
---   index, 6 kombu's unacked hash (both in the broker's database), then for a staged
---   close: 7 the group's report count, 8 group state, 9 group winner, 10 metrics,
---   11 the cancel channel.
--- ARGV: 1 report JSON, 2 group TTL ms, 3 owner token, 4 harvest ('1' | '0'), 5 latency
---   for the delay window (''), 6 delay window size, 7 profile TTL ms, 8 the broker's
+-- KEYS: 1 replies, 2 outcome claim, 3 delay window (its list), 4 trace stream, 5 kombu's
+--   unacked index, 6 kombu's unacked hash (both in the broker's database), then for a
+--   staged close: 7 the group's report count, 8 group state, 9 group winner, 10 metrics,
+--   11 the cancel channel; 12 the delay window's sorted set.
+-- ARGV: 1 report JSON, 2 group TTL ms, 3 owner token, 4 harvest ('1' | '0'), 5 the delay
+--   window's entry, '<latency>|<id>' ('': none; delay_record.lua), 6 delay window size, 7 profile TTL ms, 8 the broker's
 --   database ('': no ack), 9 the delivery tag, 10 trace maxlen, 11 trace TTL ms,
 --   12 '1' when the member's group may be closed by its first report (a staged close,
 --   coordinator/state/closing.py; '' otherwise), then the close this report makes should
@@ -49,8 +49,6 @@ if not redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ttl) then
   if redis.call('GET', KEYS[2]) ~= ARGV[3] then return done() end
 end
 if ARGV[5] ~= '' then
-  redis.call('LPUSH', KEYS[3], ARGV[5])
-  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[6]) - 1)
-  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
+  delay_record(KEYS[3], KEYS[12], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]))
 end
 return 1

@@ -34,6 +34,7 @@ from coordinator.core.profiles import CandidateObservation, LinkObservation
 from coordinator.state import keys
 from coordinator.state.closing import GroupClose
 from coordinator.state.codec import text
+from coordinator.state.hedgedelay import window_entry
 from coordinator.state.lean import lean_for
 from coordinator.state.lua import script
 from coordinator.state.scriptacks import SCRIPT_ACKS
@@ -219,10 +220,12 @@ class RedisMemberOps:
             keys.hedge_delay_window(o.role or "-"), keys.TRACES, keys.UNACKED_INDEX,
             keys.UNACKED_HASH, keys.group_reports(g), keys.group_state(g),
             keys.group_winner(g), keys.METRICS, keys.CANCELLED,
+            keys.hedge_delay_ranked(o.role or "-"),
         ]  # fmt: skip
+        sample = "" if o.delay_s is None else window_entry(float(o.delay_s), o.outcome_claim)
         args: list[str | int | float] = [
             o.report, max(1, int(o.ttl_s * _MS)), o.owner, int(o.harvest),
-            "" if o.delay_s is None else repr(float(o.delay_s)), max(1, o.delay_window),
+            sample, max(1, o.delay_window),
             profile_ttl_ms, db, tag, *trace_args, "1" if o.staged else "",
             *_close_args(o, limits),
         ]  # fmt: skip
