@@ -185,7 +185,12 @@ class Deferred:
             try:
                 action()
             except Exception:  # a lost record is evidence, not the caller's result
-                log.exception("a deferred record of a lost member failed")
+                with self._cv:
+                    overtaken = self._closed
+                # One that close() overtook (its client closed under it) is dropped
+                # quietly, as the pending ones are.
+                if not overtaken:
+                    log.exception("a deferred record of a lost member failed")
 
     def close(self) -> None:
         with self._cv:
