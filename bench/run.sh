@@ -27,6 +27,8 @@ hotpath() {
   env -u HACO_REDIS_URL "$py" -m bench.leancall > out/bench/leancall.json
   env -u HACO_REDIS_URL "$py" -m bench.reportscript > out/bench/reportscript.json
   env -u HACO_REDIS_URL "$py" -m bench.redistime > out/bench/redistime.json
+  # The staggered tail's policy alone, offline (no services): its share of the tail goal.
+  "$py" -m bench.tailpolicy > out/bench/tailpolicy.json
   "$py" -m bench.hotpath_report --runtime out/bench/runtime.json \
     --growth out/bench/growth.json --ingest out/bench/ingest.json \
     --ingest2 out/bench/ingest2.json --leancall out/bench/leancall.json \

@@ -1,0 +1,117 @@
+"""The staggered tail's policy alone, offline: the rolling hedge delay and the hedge budget
+on the tail bench's backend (bench/rttail.py: 5 ms median, 200 ms p99), with no runtime
+cost, against the ideal launch at the true p95 at the same extra load.
+
+    python -m bench.tailpolicy [--calls 6000] [--seeds 60] [--windows 500,1000,2000]
+
+Each seed draws every call's two backend latencies; per call the production policy
+decides: the delay from :class:`MemoryDelayWindow` (the nearest-rank
+``hedge_delay_percentile`` of the last ``hedge_delay_window`` completions), a backup when
+rank 0 outlasts it and :class:`MemoryBudget` pays (each call earns ``budget_ratio``). The
+call takes the faster of rank 0 and the backup launched at the delay; both complete and
+feed the window (losers are kept, as in the bench). The ratio to the ideal spreads over
+the seeds: this is what the policy costs before any runtime overhead, and how much a
+6000-call run of it can vary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from bench.hotpath_goals import ideal_at
+from bench.rttail import MEDIAN_S, SIGMA, WARMUP, oracle
+from coordinator.config import HacoSettings
+from coordinator.core.percentiles import interpolated
+from coordinator.state.budget import MemoryBudget
+from coordinator.state.hedgedelay import MemoryDelayWindow
+
+err = Console(stderr=True)
+
+
+def one_run(settings: HacoSettings, calls: int, seed: int) -> tuple[float, float]:
+    """(p99 s, extra load) of ``calls`` staggered calls after the bench's warm-up."""
+    rng = np.random.default_rng(seed)
+    draws = MEDIAN_S * np.exp(SIGMA * rng.standard_normal((WARMUP + calls, 2)))
+    window, budget = MemoryDelayWindow(settings), MemoryBudget(settings)
+    lat, backups = [], 0
+    for i, (x0, x1) in enumerate(draws.tolist()):
+        if i < WARMUP:  # unhedged calls fill the window, as the bench's warm-up does
+            window.record("r", x0)
+            continue
+        delay = window.delay_s("r")
+        budget.earn()
+        t = x0
+        if x0 > delay and budget.try_spend(1, 0.0):
+            backups += 1
+            t = min(x0, delay + x1)
+            window.record("r", x1)
+        window.record("r", x0)
+        lat.append(t)
+    return interpolated(lat, 99)[0], backups / calls
+
+
+def model(calls: int, seeds: int, windows: list[int]) -> dict[str, Any]:
+    curve = oracle()["curve"]
+    out: dict[str, Any] = {"calls": calls, "seeds": seeds, "by_window": {}}
+    for w in windows:
+        s = HacoSettings(hedge_delay_window=w)
+        ratios, loads = [], []
+        for seed in range(seeds):
+            p99_s, load = one_run(s, calls, seed)
+            ideal = ideal_at(curve, load)
+            ratios.append(p99_s * 1e3 / ideal if ideal else float("nan"))
+            loads.append(load)
+        lo, med, hi = np.percentile(ratios, [5, 50, 95])
+        out["by_window"][str(w)] = {
+            "p99_over_ideal_median": float(med),
+            "p99_over_ideal_p5_p95": [float(lo), float(hi)],
+            "share_within_1_05": float(np.mean(np.asarray(ratios) <= 1.05)),
+            "extra_load_mean": float(np.mean(loads)),
+            "settings": {
+                "hedge_delay_percentile": s.hedge_delay_percentile,
+                "budget_ratio": s.budget_ratio,
+                "budget_burst": s.budget_burst,
+            },
+        }
+    return out
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=6000, help="measured calls per run")
+    p.add_argument("--seeds", type=int, default=60, help="runs per window size")
+    p.add_argument("--windows", default="500,1000,2000", help="hedge_delay_window sizes")
+    args = p.parse_args(argv)
+    try:
+        windows = [int(x) for x in args.windows.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--windows must be comma-separated integers, got {args.windows!r}")
+    if args.calls < 100 or args.seeds < 1 or not windows or min(windows) < 1:
+        p.error(f"need --calls ≥ 100, --seeds ≥ 1, windows ≥ 1; got {args.calls}, "
+                f"{args.seeds}, {args.windows!r}")  # fmt: skip
+    res = model(args.calls, args.seeds, windows)
+    res["command"] = " ".join(["python -m bench.tailpolicy", *argv])
+    t = Table(
+        title=f"the staggered policy alone (p95 delay, 5% budget), {args.calls} calls × "
+        f"{args.seeds} seeds: p99 over the ideal launch at the same extra load"
+    )
+    for c in ("window", "median", "5th–95th percentile", "runs ≤ 1.05", "extra load"):
+        t.add_column(c, justify="right")
+    for w, r in res["by_window"].items():
+        lo, hi = r["p99_over_ideal_p5_p95"]
+        t.add_row(w, f"{r['p99_over_ideal_median']:.3f}", f"{lo:.3f}–{hi:.3f}",
+                  f"{r['share_within_1_05']:.0%}", f"{r['extra_load_mean']:.2%}")  # fmt: skip
+    err.print(t)
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
