@@ -149,9 +149,10 @@ class HacoSettings(BaseSettings):
     # delay is initial_hedge_delay_s. Why 2000: a p95 rests on the window's slowest 5%,
     # 25 samples of 500, and on a heavy-tailed backend (the seed's 5 ms median, 200 ms
     # p99) it then strays ±15% (one standard error), enough to cost the staggered p99
-    # ~5% against a launch at the true p95 (bench/rttail.py); 2000 halves that. It still
-    # follows a slowdown within ~5% of the window (100 completions); read by rank, its
-    # size costs the reader nothing (coordinator.state.hedgedelay).
+    # ~6% against a launch at the true p95; 2000 halves the error and costs ~2%
+    # (bench/tailpolicy.py). It still follows a slowdown within ~5% of the window (100
+    # completions); read by rank, its size costs the reader nothing
+    # (coordinator.state.hedgedelay).
     hedge_delay_percentile: Annotated[float, Field(gt=0.0, lt=100.0)] = 95.0
     hedge_delay_window: Annotated[int, Field(ge=1, le=100_000)] = 2000
     hedge_delay_min_samples: Annotated[int, Field(ge=1)] = 20

@@ -13,8 +13,9 @@
 --   staged close: 7 the group's report count, 8 group state, 9 group winner, 10 metrics,
 --   11 the cancel channel; 12 the delay window's sorted set.
 -- ARGV: 1 report JSON, 2 group TTL ms, 3 owner token, 4 harvest ('1' | '0'), 5 the delay
---   window's entry, '<latency>|<id>' ('': none; delay_record.lua), 6 delay window size, 7 profile TTL ms, 8 the broker's
---   database ('': no ack), 9 the delivery tag, 10 trace maxlen, 11 trace TTL ms,
+--   window's entry, '<latency>|<id>' ('': none; delay_record.lua), 6 delay window size,
+--   7 profile TTL ms, 8 the broker's database ('': no ack), 9 the delivery tag,
+--   10 trace maxlen, 11 trace TTL ms,
 --   12 '1' when the member's group may be closed by its first report (a staged close,
 --   coordinator/state/closing.py; '' otherwise), then the close this report makes should
 --   it be the first: 13 signal ('' = none: not a success), 14 winner member, 15 the
