@@ -113,7 +113,10 @@ def ideal_at(curve: Sequence[Json], extra_load: float) -> float | None:
     return pts[-1][1]
 
 
-def tail_goals(res: Json, variant: str = "staggered-p95-b5") -> dict[str, Any]:
+TAIL_VARIANT = "staggered-p95-b5"  # the tail bench's variant the goal judges (bench/rttail.py)
+
+
+def tail_goals(res: Json, variant: str = TAIL_VARIANT) -> dict[str, Any]:
     """The staggered variant's p99 against the ideal staggered launch at its extra load."""
     v = res["variants"][variant]
     ideal = ideal_at(res.get("offline_staggered_curve", []), float(v["extra_load"]))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.hotpath_goals import TAIL_VARIANT
 from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
 from bench.rtlib import Services, own_latency, read_traces, summary_ms, timed_client
 from coordinator.core.percentiles import interpolated
@@ -24,7 +25,6 @@ from coordinator.state import keys
 MEDIAN_S, SIGMA = 0.005, math.log(200 / 5) / 2.326
 CHUNK = 100  # invocations of one variant before the next variant's turn
 WARMUP = 300  # unmeasured calls that fill the role's delay window
-GOAL_VARIANT = "staggered-p95-b5"  # the variant the tail goal judges (hotpath_goals)
 # Calls of the goal's variant: the p99 of 1 500 calls of an ideal p95-delay launch
 # spreads ±8% (5th to 95th percentile of repeated samples), wider than the goal's 5%
 # margin; 6 000 calls bring it to ±3.5%.
@@ -36,7 +36,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # name: (per-call options, client settings)
     "none": ({"idempotent": False, "winner_mode": "first"}, {}),
     "always-two": ({**HEDGED, "launch_mode": "parallel"}, {}),
-    "staggered-p95-b5": (STAGGERED, {"hedge_delay_percentile": 95.0, "budget_ratio": 0.05}),
+    TAIL_VARIANT: (STAGGERED, {"hedge_delay_percentile": 95.0, "budget_ratio": 0.05}),
     "staggered-p90-b5": (STAGGERED, {"hedge_delay_percentile": 90.0, "budget_ratio": 0.05}),
     "staggered-p90-b10": (STAGGERED, {"hedge_delay_percentile": 90.0, "budget_ratio": 0.10}),
 }
@@ -143,8 +143,7 @@ def same_draws(
             for m in traces.get(gid, [])
             if m["status"] == "succeeded"
         ]
-        best = min(ends) if ends else math.nan
-        out.append(measured if math.isnan(best) else best)
+        out.append(min(ends) if ends else measured)
     return out
 
 
@@ -193,7 +192,7 @@ def tail(svc: Services, n: int, inflight: int, goal_n: int = GOAL_N) -> dict[str
     since = int(time.time() * 1000)
     runs = {name: Variant(svc, opts, settings) for name, (opts, settings) in VARIANTS.items()}
     rounds = max(1, math.ceil(n / CHUNK))
-    sizes = {name: (goal_n if name == GOAL_VARIANT else n) for name in runs}
+    sizes = {name: (goal_n if name == TAIL_VARIANT else n) for name in runs}
     try:
         for i in range(rounds):  # each variant's calls spread evenly over the rounds
             for name, v in runs.items():

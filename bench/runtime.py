@@ -143,7 +143,7 @@ def run_tail(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
     )
     t = Table(
         title=f"tail cut: backend 5 ms median / 200 ms p99 (n={n} per variant, "
-        f"{args.goal_n} of {rttail.GOAL_VARIANT}, interleaved, "
+        f"{args.goal_n} of {hotpath_goals.TAIL_VARIANT}, interleaved, "
         f"{args.inflight} in flight; goal staggered p99 ≤ 1.05× the ideal staggered launch "
         "at the same extra load, ≤ 5%)"
     )
@@ -264,7 +264,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--inflight", type=int, default=1, help="tail: groups in flight")
     p.add_argument(
         "--goal-n", type=int, default=rttail.GOAL_N,
-        help=f"tail: calls of the goal's variant ({rttail.GOAL_VARIANT}; {rttail.GOAL_N})",
+        help=f"tail: calls of the goal's variant ({hotpath_goals.TAIL_VARIANT}; {rttail.GOAL_N})",
     )  # fmt: skip
     p.add_argument("--bare-events", action="store_true", help="bare worker sends events too")
     p.add_argument(
