@@ -151,6 +151,16 @@ def test_a_report_writes_the_delay_sample_when_the_store_keeps_the_window(
         assert 0 < redis_db.pttl(key) <= TTL * 1000
 
 
+def test_no_delay_sample_from_an_outcome_that_is_not_the_workers(redis_db: redis.Redis) -> None:
+    store = RedisStore(redis_db)
+    store.claim_idempotency("outcome:g.0", "coordinator", TTL)  # recorded lost
+    assert store.report_member(outcome(cand_obs=OBS, delay_s=0.5), INF, LIMITS) is False
+    assert store.report_member(outcome("h", harvest=False, delay_s=0.5), INF, LIMITS) is False
+    assert redis_db.llen(keys.hedge_delay_window("coder")) == 0
+    assert redis_db.zcard(keys.hedge_delay_ranked("coder")) == 0
+    assert replies(store, "g") == replies(store, "h") == ['{"report": 1}']
+
+
 def test_report_keys_carry_their_ttl(redis_db: redis.Redis) -> None:
     RedisStore(redis_db).report_member(outcome(cand_obs=OBS, legs=(LEG,)), INF, LIMITS)
     for name in redis_db.keys("*"):

@@ -4,13 +4,14 @@ same code runs in a Celery worker and in the in-process dispatcher.
 Order of work: check the group (a cancelled, resolved-and-cancelling or vanished group's
 member never starts; nor one past its deadline), run the backend with a cooperative
 cancel check, commit the side effect at most once per idempotency key, then report: the
-reply first (it is on the caller's critical path), with the hedge-delay sample and, for a
-member that carries its group's close, that close when its report is the group's first
-and a success (coordinator.state.closing); then, once the reply is written, what the call
-taught into the shared profiles and the trace stream (harvesting). The start is one Redis
-round trip, the report one and its harvest another (coordinator.state.memberops); a
-member that wakes an idle member lane makes its start in the lane's round trip that
-records its message instead (:func:`begin_member`, :func:`run_begun`: workers.lane).
+reply first (it is on the caller's critical path), with, for a member that carries its
+group's close, that close when its report is the group's first and a success
+(coordinator.state.closing); then, once the reply is written, what the call taught into
+the shared profiles, the trace stream and the role's hedge-delay window (harvesting).
+The start is one Redis round trip, the report one and its harvest another
+(coordinator.state.memberops); a member that wakes an idle member lane makes its start
+in the lane's round trip that records its message instead (:func:`begin_member`,
+:func:`run_begun`: workers.lane).
 Last, a success that came back without a judged quality (a real backend) goes to the
 judge, when one is configured.
 """
@@ -71,7 +72,7 @@ class MemberContext:
     # (one Redis read per check: the polling a watcher replaces).
     cancels: CancelWatcher | None = None
     # ``delays`` is the store's own window (RedisDelayWindow on the same Redis as a
-    # RedisStore): the report's script records the latency sample in the same round trip.
+    # RedisStore): the harvest script records the latency sample, no round trip of its own.
     delays_in_store: bool = False
 
 

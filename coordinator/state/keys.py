@@ -199,7 +199,7 @@ def hedge_delay_window(role: str) -> str:
     """List of a role's recent completions, newest first, trimmed to
     settings.hedge_delay_window: entries ``<latency s>|<id>`` (the id, a member's outcome
     claim or a random one, keeps equal latencies apart in :func:`hedge_delay_ranked`).
-    Writers: a worker's report script (member_report.lua) or RedisDelayWindow.record,
+    Writers: a worker's harvest script (member_harvest.lua) or RedisDelayWindow.record,
     both through delay_record.lua. TTL: profile_ttl_s, refreshed on write."""
     return f"{PREFIX}:delay:{role}"
 

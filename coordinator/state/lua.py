@@ -16,9 +16,9 @@ def lua(name: str) -> str:
 # Scripts that call Lua functions defined in other files (one function per file, shared
 # between scripts): the files sent before the script's own, in this order.
 PIECES: dict[str, tuple[str, ...]] = {
-    "member_report": ("broker_ack", "group_close", "delay_record"),
+    "member_report": ("broker_ack", "group_close"),
     "delay_add": ("delay_record",),
-    "member_harvest": ("broker_ack", "profile_fold"),
+    "member_harvest": ("broker_ack", "profile_fold", "delay_record"),
     "close_group": ("group_close",),
     "member_start": ("start_claim",),
     "lane_take": ("take_next",),

@@ -5,11 +5,12 @@
   same start in the round trip that records the member's message (``lane_start.lua``,
   :func:`start_call`).
 - :meth:`RedisMemberOps.report_member`: ``member_report.lua``, the reply (with a staged
-  close, coordinator.state.closing), the outcome claim and the hedge-delay sample; then,
-  when the outcome is this worker's, ``member_harvest.lua`` (with ``profile_fold.lua``):
-  the profile fold into the current epoch's deltas and the trace, atomically, and the
+  close, coordinator.state.closing) and the outcome claim; then, when the outcome is this
+  worker's, ``member_harvest.lua`` (with ``profile_fold.lua``): the profile fold into the
+  current epoch's deltas, the trace and the hedge-delay sample, atomically, and the
   message's ack. Two round trips, so that the caller's reply is written before the fold
-  runs (Redis answers a blocked caller only after every command of the same turn). The
+  and the sample run (Redis answers a blocked caller only after every command of the
+  same turn). The
   fold runs in the script, so concurrent workers never retry or queue on a lock.
 
 The in-memory twin is :class:`coordinator.state.memstore.MemoryStore`'s methods of the
@@ -166,7 +167,7 @@ def decay_args(settings: ProfileSettings) -> list[str | int | float]:
 
 
 def _close_args(o: MemberOutcome, limits: OutcomeLimits) -> list[str | int]:
-    """member_report.lua's ARGV from 13: the staged close this report makes should it be
+    """member_report.lua's ARGV from 10: the staged close this report makes should it be
     its group's first (the metrics' TTL is the profiles', as the coordinator's close)."""
     c = o.close
     if c is None or not o.staged:
@@ -208,38 +209,36 @@ class RedisMemberOps:
     def report_member(
         self, o: MemberOutcome, settings: ProfileSettings, limits: OutcomeLimits
     ) -> bool:
-        """Reply and (``harvest``, and the outcome is this worker's) delay sample in one
-        script, then the profile fold and trace in a second, sent once the first answered;
-        True when the outcome was recorded."""
+        """Reply and outcome claim in one script, then (``harvest``, and the outcome is
+        this worker's) the profile fold, trace and delay sample in a second, sent once the
+        first answered; True when the outcome was recorded."""
         report, harvest = self._report_script, self._harvest_script
         g, profile_ttl_ms = o.group_id, max(1, int(limits.profile_ttl_s * _MS))
         db, tag = ("", "") if o.ack is None else (o.ack.db, o.ack.tag)
         trace_args = [limits.trace_maxlen, max(1, int(limits.trace_ttl_s * _MS))]
         names = [
-            keys.group_replies(g), keys.idempotency(o.outcome_claim or "-"),
-            keys.hedge_delay_window(o.role or "-"), keys.TRACES, keys.UNACKED_INDEX,
-            keys.UNACKED_HASH, keys.group_reports(g), keys.group_state(g),
-            keys.group_winner(g), keys.METRICS, keys.CANCELLED,
-            keys.hedge_delay_ranked(o.role or "-"),
+            keys.group_replies(g), keys.idempotency(o.outcome_claim or "-"), keys.TRACES,
+            keys.UNACKED_INDEX, keys.UNACKED_HASH, keys.group_reports(g),
+            keys.group_state(g), keys.group_winner(g), keys.METRICS, keys.CANCELLED,
         ]  # fmt: skip
-        sample = "" if o.delay_s is None else window_entry(float(o.delay_s), o.outcome_claim)
         args: list[str | int | float] = [
-            o.report, max(1, int(o.ttl_s * _MS)), o.owner, int(o.harvest),
-            sample, max(1, o.delay_window),
-            profile_ttl_ms, db, tag, *trace_args, "1" if o.staged else "",
-            *_close_args(o, limits),
+            o.report, max(1, int(o.ttl_s * _MS)), o.owner, int(o.harvest), db, tag,
+            *trace_args, "1" if o.staged else "", *_close_args(o, limits),
         ]  # fmt: skip
         recorded = bool(self._guard("report a member", lambda: report(keys=names, args=args)))
         if recorded:
+            role = o.role or "-"
             names = [
                 keys.PROFILE_EPOCH, keys.TRACES, keys.PROFILE_VERSIONS, keys.UNACKED_INDEX,
-                keys.UNACKED_HASH,
+                keys.UNACKED_HASH, keys.hedge_delay_window(role), keys.hedge_delay_ranked(role),
             ]  # fmt: skip
+            sample = "" if o.delay_s is None else window_entry(float(o.delay_s), o.outcome_claim)
             args = [
                 o.report, keys.DELTA_PREFIX, o.candidate_id,
                 "" if o.cand_obs is None else candidate_json(o.cand_obs),
                 o.link_id, o.src, o.dst, legs_json(o.link_obs) if o.link_obs else "",
                 *decay_args(settings), profile_ttl_ms, *trace_args, db, tag,
+                sample, max(1, o.delay_window),
             ]  # fmt: skip
             self._guard("harvest a member", lambda: harvest(keys=names, args=args))
         if o.ack is not None:  # kombu's own ack of it has nothing left to remove
