@@ -6,9 +6,11 @@ import math
 
 import pytest
 
+from coordinator.config import HacoSettings
 from coordinator.core.patience import Budgets, GaveUp, Watch, patience_s, start_timeout_s
 from coordinator.core.winner import Report, verdict
 from coordinator.errors import PolicyError
+from coordinator.runtime.liveness import QueueWaits
 from schemas.enums import WinnerMode
 
 
@@ -142,3 +144,20 @@ def test_a_member_that_never_started_is_a_failure_even_with_nothing_in_hand() ->
     w.on_started(1, 0.1)
     assert w.due(1.0) == [0]
     assert w.reports([None, None], 0.0) == [Report(1.0, False), None]
+
+
+def test_a_zones_start_timeout_follows_its_last_queue_waits() -> None:
+    s = HacoSettings(
+        start_timeout_min_s=2.0, start_timeout_factor=5.0, start_wait_min_samples=20,
+        start_wait_window=20,
+    )  # fmt: skip
+    waits = QueueWaits(s.start_wait_window)
+    assert waits.start_timeout_s("a", s) == 2.0  # no waits yet: the floor
+    for _ in range(20):
+        waits.record("a", 0.9)
+    waits.record("a", math.inf)  # no clock gives one: not counted
+    assert waits.start_timeout_s("a", s) == pytest.approx(4.5)  # 5 × p95 of 0.9 s
+    assert waits.start_timeout_s("b", s) == 2.0  # per zone
+    for _ in range(19):
+        waits.record("a", 0.1)  # the window keeps the last 20: one 0.9 s left
+    assert waits.start_timeout_s("a", s) == 2.0  # 5 × 0.1 s, under the floor

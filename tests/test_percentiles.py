@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.core.percentiles import interpolated, lower, median, nearest_rank
+from coordinator.core.percentiles import RankedWindow, interpolated, lower, median, nearest_rank
 from coordinator.errors import InputError
 
 floats = st.floats(-1e6, 1e6, allow_nan=False)
@@ -86,3 +86,27 @@ def test_lower_is_the_floor_index_of_the_sorted_values(values: list[float], q: i
 def test_interpolated_is_numpys_linear_and_nan_when_empty() -> None:
     assert interpolated([1.0, 2.0, 3.0, 4.0], 50, 100) == [2.5, 4.0]
     assert all(math.isnan(v) for v in interpolated([], 50, 99))
+
+
+@given(
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=60),
+    st.integers(1, 25),
+    st.floats(0.0, 100.0),
+)
+def test_a_ranked_window_ranks_its_last_values(values: list[float], size: int, p: float) -> None:
+    window = RankedWindow(size)
+    for i, v in enumerate(values):
+        window.add(v)
+        kept = values[max(0, i + 1 - size) : i + 1]
+        assert len(window) == len(kept)
+        assert nearest_rank(window, p) == nearest_rank(kept, p)
+
+
+def test_a_ranked_window_refuses_what_has_no_rank() -> None:
+    with pytest.raises(InputError, match="size=0"):
+        RankedWindow(0)
+    window = RankedWindow(3)
+    with pytest.raises(InputError, match="value=nan"):
+        window.add(math.nan)
+    with pytest.raises(InputError, match="no values"):
+        nearest_rank(window, 50.0)

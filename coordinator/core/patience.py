@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from coordinator.core.percentiles import nearest_rank
+from coordinator.core.percentiles import RankedWindow, nearest_rank
 from coordinator.core.winner import Report
 from coordinator.errors import PolicyError
 
@@ -41,7 +41,11 @@ class GaveUp(StrEnum):
 
 
 def start_timeout_s(
-    min_s: float, factor: float, waits_s: Sequence[float], min_samples: int, pct: float = 95.0
+    min_s: float,
+    factor: float,
+    waits_s: Sequence[float] | RankedWindow,
+    min_samples: int,
+    pct: float = 95.0,
 ) -> float:
     """The start timeout of a zone given its recently observed queue waits."""
     if len(waits_s) < min_samples:

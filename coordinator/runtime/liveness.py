@@ -34,8 +34,9 @@ from __future__ import annotations
 import functools
 import heapq
 import logging
+import math
 import threading
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -44,6 +45,7 @@ from coordinator.core.evidence import link_id
 from coordinator.core.observations import observations
 from coordinator.core.params import ProfileSettings
 from coordinator.core.patience import Budgets, GaveUp, Watch, patience_s, start_timeout_s
+from coordinator.core.percentiles import RankedWindow
 from coordinator.runtime.group import Group
 from coordinator.runtime.ports import RuntimeStore
 from coordinator.state.codec import rank_token
@@ -88,15 +90,22 @@ class QueueWaits:
 
     def __init__(self, window: int) -> None:
         self._lock = threading.Lock()
-        self._waits: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        self._waits: dict[str, RankedWindow] = defaultdict(lambda: RankedWindow(window))
 
     def record(self, zone: str, wait_s: float) -> None:
+        if not math.isfinite(wait_s):
+            return  # no clock gives one; nothing to rank
         with self._lock:
-            self._waits[zone].append(wait_s)
+            self._waits[zone].add(wait_s)
 
-    def waits(self, zone: str) -> list[float]:
+    def start_timeout_s(self, zone: str, s: HacoSettings) -> float:
+        """The zone's start timeout (core.patience.start_timeout_s) on its waits so far."""
         with self._lock:
-            return list(self._waits.get(zone, ()))
+            waits = self._waits.get(zone)
+            return start_timeout_s(
+                s.start_timeout_min_s, s.start_timeout_factor, () if waits is None else waits,
+                s.start_wait_min_samples,
+            )  # fmt: skip
 
 
 def wall_scale(cand: Candidate, pool_sim: SimSection | None, default_scale: float) -> float:
@@ -211,10 +220,7 @@ def watch_for(
     s = settings
     budgets = []
     for cand, t in zip(cands, t_proc_s, strict=True):
-        start = start_timeout_s(
-            s.start_timeout_min_s, s.start_timeout_factor, waits.waits(cand.zone),
-            s.start_wait_min_samples,
-        )  # fmt: skip
+        start = waits.start_timeout_s(cand.zone, s)
         wall = float(t) * wall_scale(cand, pool_sim, s.sim_time_scale)
         budgets.append(Budgets(start, patience_s(s.patience_min_s, s.patience_factor, wall)))
     return Watch(budgets)
