@@ -33,6 +33,7 @@ from coordinator.config import HacoSettings
 from coordinator.core.percentiles import interpolated
 from coordinator.runtime.dispatch import CeleryDispatcher, redacted, sending_app
 from coordinator.state.broker import with_db
+from coordinator.state.celery_wire import task_args
 from coordinator.state.keys import queue_for
 from schemas.models import BackendSpec, Candidate, MemberTask, Message
 
@@ -125,7 +126,7 @@ def run(url: str, db: int, rounds: int, warmup: int = 50) -> dict[str, Any]:
     def build(items: Group) -> None:
         reply_to = app.thread_oid
         for zone, task in items:
-            args = wire.encode_args([task.model_dump(mode="json")])
+            args = task_args(task.model_dump_json())  # as CeleryDispatcher builds them
             wire.message(wire.queue(queue_for(zone)), args, reply_to)
 
     paths: dict[str, Callable[[Group], None]] = {

@@ -195,6 +195,11 @@ class MemberTrace(_Strict):
 class MemberTask(_Strict):
     """The payload of one member task on a zone queue."""
 
+    # Its JSON is the member message's argument (coordinator.runtime.dispatch): a
+    # non-finite float there is written as kombu's encoder writes it (Infinity, NaN),
+    # which Celery's decoder reads back, not as null.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+
     group_id: str = Field(min_length=1, max_length=64)
     member_id: str = Field(min_length=1, max_length=96)
     rank: Annotated[int, Field(ge=0)]

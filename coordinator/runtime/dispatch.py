@@ -26,7 +26,7 @@ from coordinator.config import HacoSettings
 from coordinator.errors import StoreError
 from coordinator.runtime.pool import check_zone
 from coordinator.state.broker import celery_conf
-from coordinator.state.celery_wire import MemberWire, wire_unsupported
+from coordinator.state.celery_wire import MemberWire, task_args, wire_unsupported
 from coordinator.state.keys import BUDGET, MEMBER_TASK, group_state, queue_for
 from coordinator.state.lean import DEFAULT_HOT_CONNECTIONS, close_lean, lean_for
 from coordinator.state.lua import script
@@ -133,8 +133,8 @@ class CeleryDispatcher:
                 bindings.append((queue.binding_key, queue.binding))
                 bindings.append((queue.permanent_key, queue.binding))
                 declared.append(queue.name)
-            args = wire.encode_args([task.model_dump(mode="json")])
-            _, entry = wire.message(queue, args, reply_to)
+            # The task's JSON in one pass of pydantic's serializer (celery_wire.task_args).
+            _, entry = wire.message(queue, task_args(task.model_dump_json()), reply_to)
             entries.append((queue.key, entry))
         try:
             if fused and opening is not None:

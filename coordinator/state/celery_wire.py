@@ -19,7 +19,12 @@ A list entry of queue ``q`` (kombu's ``Channel._put``: ``LPUSH q dumps(message)`
 
 Everything but the task id, delivery tag, reply-to, body and ``argsrepr`` is fixed per
 queue: :class:`MemberWire` serializes it once (through kombu's own JSON encoder, so the
-envelope reads byte for byte like kombu's) into a format string per queue.
+envelope reads byte for byte like kombu's) into a format string per queue. The body's
+arguments are the member task's JSON as pydantic writes it (:func:`task_args`): one pass
+of its serializer, where kombu's encoder would take a second over the task's dict (about
+20 µs a member, and more with a cold cache between calls); compact and UTF-8 instead of
+kombu's spaced, ASCII-escaped text, so the bytes differ and the values do not: Celery's
+decoder reads the same arguments from both.
 """
 
 from __future__ import annotations
@@ -49,6 +54,13 @@ BINDING_SEP = "\x06\x16"
 EMBED = dumps({"callbacks": None, "errbacks": None, "chain": None, "chord": None})
 # Placeholders for the per-message fields of the envelope template (quoted JSON strings).
 _FIELD = re.compile(r'"@@(\w+)@@"')
+
+
+def task_args(task_json: str) -> str:
+    """The positional arguments' JSON of a task whose one argument is ``task_json``
+    (``MemberTask.model_dump_json``: non-finite floats as Infinity/NaN, as kombu's
+    encoder writes them)."""
+    return f"[{task_json}]"
 
 
 def wire_unsupported(app: Any) -> str | None:
@@ -189,11 +201,6 @@ class MemberWire:
             binding=binding,
             template=template,
         )
-
-    def encode_args(self, args: list[Any]) -> str:
-        """The positional arguments' JSON, by kombu's encoder (what send_task writes:
-        non-finite floats as Infinity/NaN, non-ASCII escaped)."""
-        return dumps(args)
 
     def message(
         self, queue: WireQueue, args_json: str, reply_to: str, task_id: str | None = None
