@@ -10,6 +10,7 @@ there), which its own test shows.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from coordinator.config import HacoSettings
 from coordinator.core.evidence import PoolMember, build_view
 from coordinator.core.methods import PoolView
 from coordinator.core.params import ProfileSettings
+from coordinator.core.policy import CandidateArrays
 from coordinator.core.profiles import CandidateObservation
 from coordinator.errors import AllFailedError
 from coordinator.runtime.coordinator import Coordinator
@@ -119,12 +121,20 @@ def test_a_view_is_built_again_only_when_what_it_is_built_from_changed(
         read = store.read_for_plan([m.candidate_id for m in members], ["local->local"], None, TTL)
         return build_view(members, "local", read.candidates, read.links, nbytes, INF)
 
+    def equal(x: object, y: object) -> bool:
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            return np.array_equal(x, y)  # type: ignore[arg-type]
+        return x == y
+
     def same(a: PoolView, b: PoolView) -> bool:
-        fields = ("alpha", "beta", "f_int", "loss", "t_proc_s", "bytes", "bandwidth_Bps",
-                  "jitter_Bps", "rtt_s")  # fmt: skip
-        return list(a.ids) == list(b.ids) and all(
-            np.array_equal(getattr(a.stats, f), getattr(b.stats, f)) for f in fields
-        )
+        # Every field of the view and of its statistics, a field added later included.
+        return all(
+            equal(getattr(a, f.name), getattr(b, f.name))
+            for f in dataclasses.fields(PoolView) if f.name != "stats"
+        ) and all(
+            equal(getattr(a.stats, f.name), getattr(b.stats, f.name))
+            for f in dataclasses.fields(CandidateArrays)
+        )  # fmt: skip
 
     _, first, _ = views.view(ROLE, 100.0, None, None)
     _, bigger, _ = views.view(ROLE, 5123.5, None, None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -149,8 +149,17 @@ def for_request(base: PoolView, request_bytes: float) -> PoolView:
     ``request_bytes``: the request's size enters a view only through each candidate's
     bytes, ``out_bytes + request_bytes`` (build_arrays), and ``out_bytes + 0.0`` is
     ``out_bytes`` exactly, so this is the view build_view gives, to the bit."""
-    stats = replace(base.stats, bytes=base.stats.bytes + float(request_bytes))
-    return replace(base, stats=stats)
+    # Built field by field: dataclasses.replace reads the fields' list on every call,
+    # and this runs on every decision.
+    b = base.stats
+    stats = CandidateArrays(
+        b.alpha, b.beta, b.f_int, b.loss, b.t_proc_s, b.bytes + float(request_bytes),
+        b.bandwidth_Bps, b.jitter_Bps, b.rtt_s,
+    )  # fmt: skip
+    return PoolView(
+        base.ids, base.zones, stats, base.calls, base.success_rate, base.mean_quality,
+        base.dependence,
+    )  # fmt: skip
 
 
 class DependenceMemo:

@@ -33,6 +33,8 @@ from schemas.models import Candidate
 
 Clock = Callable[[], float]
 Credit = tuple[float, int] | None  # HedgeBudget.plan_credit
+# A role's candidates, their ids, the links to them and their policy members.
+_RoleStatic = tuple[list[Candidate], list[str], list[str], list[PoolMember]]
 
 
 class Views:
@@ -57,6 +59,18 @@ class Views:
         # read that changed nothing hands back the very profile objects it handed before
         # (the plan cache's), so the same view serves again.
         self._built: dict[str, tuple[_ViewInputs, PoolView]] = {}
+        self._static: dict[str, _RoleStatic] = {}  # per role: what its pool fixes
+
+    def _role_static(self, role: str) -> _RoleStatic:
+        """What a role's views read that its pool fixes: candidates (their zones checked),
+        ids, links and policy members, worked out on the role's first view."""
+        cands = self.pool.candidates(role)
+        for c in cands:
+            self.pool.check_zone(c.zone)
+        caller = self.pool.config.caller_zone
+        lids = sorted({link_id(caller, c.zone) for c in cands})
+        members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
+        return list(cands), [c.id for c in cands], lids, members
 
     def mark_stale(self, role: str) -> None:
         """``role``'s next view is read afresh (a failure or a loss was seen)."""
@@ -90,16 +104,19 @@ class Views:
         with ``open_group`` opened and the budget credited in the same round trip
         (RuntimeStore.read_for_plan), unless the store answered from a view read within
         plan_view_fresh_s (nothing opened: PlanRead.opened)."""
-        cands = self.pool.candidates(role)
-        for c in cands:
-            self.pool.check_zone(c.zone)
-        caller = self.pool.config.caller_zone
-        lids = sorted({link_id(caller, c.zone) for c in cands})
-        ids, ttl_s = [c.id for c in cands], self.settings.group_ttl_s
+        static = self._static.get(role)
+        if static is None:
+            static = self._static[role] = self._role_static(role)
+        all_cands, ids, lids, all_members = static
+        caller, ttl_s = self.pool.config.caller_zone, self.settings.group_ttl_s
         read = self.store.read_for_plan(ids, lids, open_group, ttl_s, credit, self._fresh_s(role))
-        # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
-        cands = [c for c in cands if c.id not in read.cooling] or cands
-        members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
+        cands, members = all_cands, all_members
+        if read.cooling:
+            # Rate-limited candidates (keys.cooldown) sit out, unless every one of them does.
+            kept = [i for i, c in enumerate(all_cands) if c.id not in read.cooling]
+            if kept:
+                cands = [all_cands[i] for i in kept]
+                members = [all_members[i] for i in kept]
         dep = self._dependence.get(members, self.cofailure())
         inputs = _ViewInputs(tuple(members), caller, read, dep)
         built = self._built.get(role)
