@@ -4,6 +4,8 @@ built from the link profiles' RTT moments, and switched on per role by the pool 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from coordinator.core.policy import CandidateArrays, allocate, validate
 from coordinator.core.profiles import LinkObservation, LinkProfile, update_link
 from coordinator.errors import PolicyError
 from coordinator.runtime.pool import Pool
+from schemas.enums import LaunchMode
 from schemas.models import BackendSpec, Candidate, Message, RoleInvocation
 from schemas.pool import PoolConfig, RoleDefaults
 
@@ -105,3 +108,28 @@ def test_pool_config_switches_rtt_on_per_role() -> None:
     assert call.params.use_rtt and call.params.tau == 0.8
     plain = PoolConfig(caller_zone="local", zones=["local"], candidates=cands)
     assert not Pool(plain).call_settings(inv, HacoSettings(), PolicyParams()).params.use_rtt
+
+
+def test_call_settings_follow_each_calls_overrides() -> None:
+    # Kept per distinct overrides (Pool.call_settings): a call with other overrides, or
+    # under other settings or parameters, gets its own, never another call's.
+    http = BackendSpec(kind="http")
+    cands = [Candidate(id="c0", role="coder", model="m", zone="local", backend=http)]
+    config = PoolConfig(
+        caller_zone="local", zones=["local"], candidates=cands,
+        roles={"coder": RoleDefaults(tau=0.8)},
+    )  # fmt: skip
+    pool, settings, params = Pool(config), HacoSettings(), PolicyParams()
+    msg = [Message(role="user", content="x")]
+
+    def call(settings: HacoSettings = settings, params: PolicyParams = params, **kw: Any) -> Any:
+        return pool.call_settings(RoleInvocation(role="coder", payload=msg, **kw), settings, params)
+
+    assert call().params.tau == 0.8 and call(tau=0.95).params.tau == 0.95
+    assert call().params.tau == 0.8  # the role's again, not the last call's
+    assert call(deadline_s=3.0).deadline_s == 3.0 and call().deadline_s == 60.0
+    assert call(launch_mode=LaunchMode.STAGGERED).launch_mode is LaunchMode.STAGGERED
+    assert call().launch_mode is settings.launch_mode
+    other = HacoSettings(default_deadline_s=7.0, launch_mode=LaunchMode.STAGGERED)
+    assert call(other).deadline_s == 7.0 and call(other).launch_mode is LaunchMode.STAGGERED
+    assert call(params=PolicyParams(lam=0.5)).params.lam == 0.5 and call().params.lam == params.lam

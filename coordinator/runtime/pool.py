@@ -85,6 +85,10 @@ def pool_from_settings(settings: HacoSettings) -> PoolConfig:
     return load_pool(settings.pool_file) if settings.pool_file else default_pool()
 
 
+# Distinct per-call overrides whose effective settings a pool keeps (call_settings).
+CALL_SETTINGS_MEMO = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class CallSettings:
     """An invocation's effective settings after per-call > per-role > pool > runtime."""
@@ -106,6 +110,8 @@ class Pool:
             self.by_role.setdefault(c.role, []).append(c)
         # Each candidate as its member tasks carry it, built once (coordinator._prepare).
         self._sent = {c.id: with_sim(c, config.sim) for c in config.candidates}
+        # call_settings by the invocation's overrides, with the settings it was made for.
+        self._calls: dict[tuple[object, ...], tuple[HacoSettings, PolicyParams, CallSettings]] = {}
 
     def as_sent(self, cand: Candidate) -> Candidate:
         """``cand`` with the pool's [sim] section when simulated (:func:`with_sim`)."""
@@ -126,6 +132,22 @@ class Pool:
         return check_zone(zone, self.zones)
 
     def call_settings(
+        self, inv: RoleInvocation, settings: HacoSettings, base: PolicyParams
+    ) -> CallSettings:
+        """``inv``'s effective settings; worked out once per distinct set of per-call
+        overrides (a call's are few, and the same from call to call)."""
+        key = (inv.role, inv.tau, inv.deadline_s, inv.launch_mode, inv.winner_mode,
+               getattr(inv, "use_rtt", None))  # fmt: skip
+        hit = self._calls.get(key)
+        if hit is not None and hit[0] is settings and hit[1] is base:
+            return hit[2]
+        call = self._call_settings(inv, settings, base)
+        if len(self._calls) >= CALL_SETTINGS_MEMO:
+            self._calls.clear()  # callers that vary their overrides without end
+        self._calls[key] = (settings, base, call)
+        return call
+
+    def _call_settings(
         self, inv: RoleInvocation, settings: HacoSettings, base: PolicyParams
     ) -> CallSettings:
         role = self.config.roles.get(inv.role)
