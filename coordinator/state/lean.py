@@ -28,6 +28,11 @@ What redis-py's path gives that this one must not lose:
   NOSCRIPT (a flushed or restarted server), as ``redis.commands.core.Script`` does.
 - **Replies** are the parser's (no response callbacks): use it for commands whose raw
   reply is what the caller reads (scripts, BLMPOP).
+- **Packing.** With hiredis installed, a command is packed by ``hiredis.pack_command``
+  alone: redis-py's hiredis packer ends in the same call after a Python pass over every
+  argument (about 6 of its 10 µs for a report script's 25 arguments), and the commands
+  here are never of the kinds that pass converts (a command name with a space in it,
+  ``bytearray`` or ``memoryview`` arguments).
 - **Forks.** A child process starts with an empty stack, never the parent's sockets.
 """
 
@@ -38,7 +43,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.client import CaseInsensitiveDict
@@ -50,6 +55,13 @@ from coordinator.config import HacoSettings
 DEFAULT_HOT_CONNECTIONS: int = HacoSettings.model_fields["redis_hot_connections"].default
 
 Arg = str | bytes | int | float
+
+try:  # redis-py packs with hiredis when it is installed (redis[hiredis]), as here
+    from hiredis import pack_command as _hiredis_pack
+
+    _pack: Callable[[tuple[Arg, ...]], bytes] | None = cast(Any, _hiredis_pack)
+except ImportError:  # pragma: no cover - redis-py's own packer, through send_command
+    _pack = None
 
 
 class LeanRedis:
@@ -81,7 +93,10 @@ class LeanRedis:
         if conn is None:
             return self._via_client(*args)
         try:
-            conn.send_command(*args)
+            if _pack is None:
+                conn.send_command(*args)
+            else:  # what redis-py's hiredis packer ends in, without its pass over the args
+                conn.send_packed_command((_pack(args),))
             reply = conn.read_response()
         except (redis.ConnectionError, redis.TimeoutError):
             self._drop(conn, all_idle=True)
