@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 
 from coordinator.core.methods import PoolView, haco_variant
 from coordinator.core.params import PolicyParams
-from coordinator.core.policy import Allocation, CandidateArrays, allocate, validate
+from coordinator.core.policy import Allocation, CandidateArrays, FixedMemo, allocate, validate
 from coordinator.errors import InputError, PolicyError
 from schemas.enums import StopReason
 
@@ -414,3 +415,33 @@ def test_same_inputs_give_identical_decision(rows: list[Row], params: PolicyPara
         d2.u_plus,
         d2.r_minus,
     )
+
+
+ALLOCATION_ARRAYS = ("order", "p_success_cum", "mu", "sigma", "rho", "T_s", "C", "D", "u_plus")
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(pools_st, pools_st, st.lists(full_params_st, min_size=1, max_size=6))
+def test_the_fixed_terms_memo_never_changes_a_decision(
+    rows: list[Row], other: list[Row], params_seq: list[PolicyParams]
+) -> None:
+    # One memo (CandidateArrays.fixed) shared by a pool's statistics, the same statistics
+    # sized for another request, and another pool's statistics, decided with parameter
+    # sets in turn (more than the memo keeps): each decision is the one fresh statistics
+    # give, to the bit.
+    base = make_stats(rows)
+    sized = dataclasses.replace(base, bytes=base.bytes + 123.0)  # the memo goes along
+    stranger = dataclasses.replace(make_stats(other), fixed=base.fixed)
+    assert sized.fixed is base.fixed is stranger.fixed
+    for params in [*params_seq, *params_seq]:
+        for stats, source in ((base, rows), (sized, None), (stranger, other)):
+            got = allocate(stats, params)
+            fresh = allocate(dataclasses.replace(stats, fixed=FixedMemo()), params)
+            assert (got.size, got.stop, got.p_success) == (fresh.size, fresh.stop, fresh.p_success)
+            for name in (*ALLOCATION_ARRAYS, "r_minus"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(fresh, name))
+            if source is not None:
+                assert (got.size, got.p_success) == (
+                    (again := allocate(make_stats(source), params)).size,
+                    again.p_success,
+                )

@@ -154,7 +154,7 @@ def for_request(base: PoolView, request_bytes: float) -> PoolView:
     b = base.stats
     stats = CandidateArrays(
         b.alpha, b.beta, b.f_int, b.loss, b.t_proc_s, b.bytes + float(request_bytes),
-        b.bandwidth_Bps, b.jitter_Bps, b.rtt_s,
+        b.bandwidth_Bps, b.jitter_Bps, b.rtt_s, b.fixed,
     )  # fmt: skip
     return PoolView(
         base.ids, base.zones, stats, base.calls, base.success_rate, base.mean_quality,

@@ -7,7 +7,9 @@ replayed from stored traces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +25,52 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.intp]
 
 _FIELDS = ("alpha", "beta", "f_int", "loss", "t_proc_s", "bytes", "bandwidth_Bps", "jitter_Bps")
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """The terms of one candidate pool's statistics that do not depend on the request's
+    size (which enters only T, through ``bytes``): μ, σ, ρ, R⁻, the effective bandwidth
+    and U⁺'s numerator min(1, μ + λσ)·ρ."""
+
+    mu: FloatArray
+    sigma: FloatArray
+    rho: FloatArray
+    eff_bw: FloatArray
+    u_num: FloatArray
+    r_minus: FloatArray
+
+
+# What the fixed terms are computed from, compared by identity: the arrays are never
+# written in place (build_arrays makes new ones), so the same objects hold the same values.
+_FIXED_INPUTS = ("alpha", "beta", "f_int", "loss", "bandwidth_Bps", "jitter_Bps")
+
+
+class FixedMemo:
+    """The fixed terms (:class:`_Fixed`) of the last few parameter sets one pool's
+    statistics were decided with. Each entry keeps the arrays it was worked out from and
+    is used only for those very arrays, so a memo shared by two statistics objects (a
+    view and the same view sized for a request) never hands one the other's terms."""
+
+    SIZE = 4  # parameter sets: a process decides with the defaults and a few overrides
+
+    __slots__ = ("_entries", "_lock")
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[tuple[FloatArray, ...], PolicyParams, _Fixed]] = []
+        self._lock = threading.Lock()
+
+    def get(self, stats: CandidateArrays, params: PolicyParams) -> _Fixed:
+        inputs = tuple(getattr(stats, name) for name in _FIXED_INPUTS)
+        for arrays, p, fixed in self._entries:
+            if (p is params or p == params) and all(
+                a is b for a, b in zip(arrays, inputs, strict=True)
+            ):
+                return fixed
+        fixed = _fixed_terms(stats, params)
+        with self._lock:
+            self._entries = [(inputs, params, fixed), *self._entries[: self.SIZE - 1]]
+        return fixed
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +94,9 @@ class CandidateArrays:
     bandwidth_Bps: FloatArray
     jitter_Bps: FloatArray
     rtt_s: FloatArray | None = None
+    # The terms a request's size leaves unchanged, worked out once per parameter set
+    # (allocate); a view sized for a request shares its base view's (evidence.for_request).
+    fixed: FixedMemo = field(default_factory=FixedMemo, compare=False, repr=False)
 
     def __len__(self) -> int:
         return int(self.alpha.shape[0])
@@ -53,7 +104,7 @@ class CandidateArrays:
     @classmethod
     def from_columns(cls, **columns: object) -> CandidateArrays:
         """Build and validate from sequences; raises PolicyError naming the bad value."""
-        arrays = {}
+        arrays: dict[str, Any] = {}
         size = None
         for name in _FIELDS:
             if name not in columns:
@@ -203,8 +254,7 @@ class _Terms:
     r_minus: FloatArray
 
 
-def _terms(stats: CandidateArrays, params: PolicyParams) -> _Terms:
-    """Every per-candidate term of spec §2-§3: μ, σ, ρ, T, C, D, U⁺ and R⁻."""
+def _fixed_terms(stats: CandidateArrays, params: PolicyParams) -> _Fixed:
     a, b = stats.alpha, stats.beta
     s = a + b
     mu = a / s
@@ -212,19 +262,29 @@ def _terms(stats: CandidateArrays, params: PolicyParams) -> _Terms:
     if params.use_env:
         rho = (1.0 - stats.f_int) * (1.0 - stats.loss)
         eff_bw = np.maximum(params.eps_b, stats.bandwidth_Bps - params.kappa * stats.jitter_Bps)
-        T = stats.t_proc_s + stats.bytes / eff_bw
+    else:
+        # w/o Env ablation (spec §7): ρ = 1 and D = 1, the environment is invisible.
+        rho = np.ones_like(mu)
+        eff_bw = np.full_like(mu, np.inf)
+    u_num = np.minimum(1.0, mu + params.lam * sigma) * rho
+    lower = mu - params.gamma * sigma if params.use_lcb else mu
+    r_minus = np.minimum(params.r_cap, np.maximum(params.eps_r, lower) * rho)
+    return _Fixed(mu, sigma, rho, eff_bw, u_num, r_minus)
+
+
+def _terms(stats: CandidateArrays, params: PolicyParams) -> _Terms:
+    """Every per-candidate term of spec §2-§3: μ, σ, ρ, T, C, D, U⁺ and R⁻; those a
+    request's size leaves unchanged come from the statistics' memo."""
+    f = stats.fixed.get(stats, params)
+    if params.use_env:
+        T = stats.t_proc_s + stats.bytes / f.eff_bw
         if params.use_rtt and stats.rtt_s is not None:
             T = T + stats.rtt_s  # real mode (spec §13): the path delay counts too
         t0 = median(T)
         C = np.log1p(T / t0) if t0 > 0 else np.zeros_like(T)
         D = 1.0 + params.eta * C
     else:
-        # w/o Env ablation (spec §7): ρ = 1 and D = 1, the environment is invisible.
-        rho = np.ones_like(mu)
         T = stats.t_proc_s.copy()
-        C = np.zeros_like(mu)
-        D = np.ones_like(mu)
-    u_plus = np.minimum(1.0, mu + params.lam * sigma) * rho / D
-    lower = mu - params.gamma * sigma if params.use_lcb else mu
-    r_minus = np.minimum(params.r_cap, np.maximum(params.eps_r, lower) * rho)
-    return _Terms(mu, sigma, rho, T, C, D, u_plus, r_minus)
+        C = np.zeros_like(f.mu)
+        D = np.ones_like(f.mu)
+    return _Terms(f.mu, f.sigma, f.rho, T, C, D, f.u_num / D, f.r_minus)
