@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import math
 import time
-import uuid
 from collections.abc import Callable
 
 import numpy as np
@@ -62,6 +61,7 @@ from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.runtime.viewing import Views
 from coordinator.state import keys
 from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed, parse_closed
+from coordinator.state.ids import hex_id
 from schemas.enums import GroupSignal, GroupState, MemberStatus
 from schemas.models import Candidate, MemberReport, MemberTask, RoleInvocation
 
@@ -86,7 +86,7 @@ class Coordinator:
         profile_settings: ProfileSettings | None = None,
         clock: Clock = time.time,
         rng: np.random.Generator | None = None,
-        new_id: Callable[[], str] = lambda: uuid.uuid4().hex[:20],
+        new_id: Callable[[], str] = hex_id,
     ) -> None:
         self.pool = pool
         self.store = store

@@ -19,7 +19,6 @@ import logging
 import re
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,6 +44,7 @@ from coordinator.runtime.outcome import (
 )
 from coordinator.runtime.ports import OutcomeStore
 from coordinator.runtime.results import InvocationResult
+from coordinator.state.ids import hex_id
 from schemas.models import RoleInvocation
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class Submitter:
         store: OutcomeStore,
         run: Run,
         settings: HacoSettings,
-        new_id: Callable[[], str] = lambda: uuid.uuid4().hex[:20],
+        new_id: Callable[[], str] = hex_id,  # a group's id, as Coordinator draws it
         hubs: Hubs | None = None,
     ) -> None:
         self.hubs = hubs  # given to the handles it returns (their aresult)

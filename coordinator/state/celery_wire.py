@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +39,7 @@ from celery.utils.nodenames import anon_nodename
 from kombu.utils import json as kombu_json
 
 from coordinator.state.broker import BROKER_TRANSPORT
+from coordinator.state.ids import uuid4_text
 
 
 def dumps(obj: Any) -> str:
@@ -206,7 +206,7 @@ class MemberWire:
         self, queue: WireQueue, args_json: str, reply_to: str, task_id: str | None = None
     ) -> tuple[str, str]:
         """(task id, list entry) of one task with positional args ``args_json``."""
-        task_id = task_id or str(uuid.uuid4())
+        task_id = task_id or uuid4_text()
         body = f"[{args_json}, {{}}, {EMBED}]".encode()
         # Celery's argsrepr is saferepr(args) cut at argsrepr_maxsize: about 100 µs for
         # a member, more than the rest of the message. Flower and the worker's log only
@@ -216,7 +216,7 @@ class MemberWire:
             argsrepr = argsrepr[: self.argsrepr_maxsize] + "..."
         entry = queue.template.format(
             id=f'"{task_id}"',
-            tag=f'"{uuid.uuid4()}"',
+            tag=f'"{uuid4_text()}"',
             reply_to=json.dumps(reply_to),
             body=f'"{base64.b64encode(body).decode("ascii")}"',
             argsrepr=json.dumps(argsrepr),
