@@ -317,15 +317,22 @@ def starts(runtime_redis_url: str) -> Iterator[NotedStarts]:
     app.close()
 
 
-def take_while_waiting(broker: redis.Redis, sender: Celery, starts: NotedStarts | None,
-                       payload: Any) -> tuple[Any, Beginning | None]:  # fmt: skip
-    """What a lane waiting in BRPOP takes when ``payload``'s message comes, recorded."""
+def take_while_waiting(
+    broker: redis.Redis,
+    sender: Celery,
+    starts: NotedStarts | None,
+    payload: Any,
+    as_kwarg: bool = False,
+) -> tuple[Any, Beginning | None]:
+    """What a lane waiting in BRPOP takes when ``payload``'s message comes (its one
+    argument, or ``as_kwarg`` its ``payload`` keyword), recorded."""
     waiting = MemberLane(broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=1,
                          poll_s=WAIT_S, starts=starts)  # fmt: skip
     with ThreadPoolExecutor(max_workers=1) as pool:
         taken = pool.submit(waiting._take)
         wait_for("the lane's BRPOP", lambda: blocked_in_brpop(broker), WAIT_S)
-        task_id = sender.send_task(keys.MEMBER_TASK, args=[payload], queue=QUEUE).id
+        call = {"kwargs": {"payload": payload}} if as_kwarg else {"args": [payload]}
+        task_id = sender.send_task(keys.MEMBER_TASK, queue=QUEUE, **call).id
         got = taken.result(WAIT_S)
     assert len(got) == 1  # one message sent: one taken
     ((delivery, begun),) = got
@@ -360,6 +367,16 @@ def test_a_member_of_a_cancelled_or_gone_group_is_recorded_and_not_started(
     assert begun is not None and (begun.state, begun.started) == (signal, Started.NOT_STARTED)
 
 
+def test_a_member_sent_as_a_keyword_argument_starts_in_its_records_round_trip_too(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts
+) -> None:
+    starts.context().store.set_group_state("g-kw", GroupSignal.OPEN, 60.0)
+    _, begun = take_while_waiting(broker, sender, starts, member_payload("g-kw"), as_kwarg=True)
+    assert begun is not None and begun.task.member_id == "g-kw.0"
+    assert (begun.state, begun.started) == (GroupSignal.OPEN, Started.RUN)
+    begun.close()
+
+
 def test_a_payload_that_is_no_members_is_recorded_alone_and_run_as_it_comes(
     broker: redis.Redis, sender: Celery, starts: NotedStarts
 ) -> None:
@@ -369,7 +386,7 @@ def test_a_payload_that_is_no_members_is_recorded_alone_and_run_as_it_comes(
 
 
 class FailingStarts(NotedStarts):
-    def begin(self, payload: object) -> Beginning | None:
+    def begin(self, body: bytes) -> Beginning | None:
         raise RuntimeError("the worker's state could not be built")
 
 

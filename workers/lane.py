@@ -76,9 +76,11 @@ RunMember = Callable[[Any, BrokerAck], None]  # (the task's payload, its message
 class Starts(Protocol):
     """Members started in the round trip that records their message (workers.app)."""
 
-    def begin(self, payload: Any) -> Beginning | None:
-        """The member's start to make (its cancel watch registered); None: the payload
-        is not a member's, and :data:`RunMember` deals with it as it comes."""
+    def begin(self, body: bytes) -> Beginning | None:
+        """The start to make of the member whose message body (the JSON of [args,
+        kwargs, embed]) is ``body``, its cancel watch registered; None: the body is not a
+        member's, and :data:`RunMember` deals with it as it comes. May raise
+        :class:`BadMessage` for a body that is not a task's."""
 
     def run(self, b: Beginning, ack: BrokerAck) -> None:
         """Run the member whose start was made, and release its watch after."""
@@ -259,7 +261,7 @@ class MemberLane:
         if self.starts is None or d.task != self.task_name:
             return None
         try:
-            return self.starts.begin(task_payload(d.body))
+            return self.starts.begin(d.body)
         except BadMessage:
             return None  # its run logs it and acknowledges it
         except Exception:  # the popped message must still be recorded: it runs as it comes

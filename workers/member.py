@@ -22,8 +22,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from coordinator.config import HacoSettings
 from coordinator.core.evidence import link_id
@@ -45,6 +46,7 @@ from coordinator.state.memberops import (
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import MemberReport, MemberTask, MemberTrace
 from workers.backends.base import Backend, BackendResult, DeltaBackend, StopCheck
+from workers.lane_messages import task_payload
 from workers.startnotice import StartNotice
 from workers.streamsink import ChunkSink, streaming_stop
 
@@ -175,6 +177,10 @@ def run_begun(b: Beginning, ctx: MemberContext, ack: BrokerAck | None = None) ->
         b.close()
 
 
+# A member message's body: its one argument, no keyword arguments, Celery's embed.
+MEMBER_BODY = TypeAdapter(tuple[tuple[MemberTask], dict[str, Any], dict[str, Any]])
+
+
 class LaneStarts:
     """The member lane's starts (workers.lane.Starts): a member that wakes an idle worker
     is validated in the fetcher and starts in the round trip that records its message."""
@@ -182,11 +188,16 @@ class LaneStarts:
     def __init__(self, context: Callable[[], MemberContext]) -> None:
         self.context = context
 
-    def begin(self, payload: object) -> Beginning | None:
+    def begin(self, body: bytes) -> Beginning | None:
         try:
-            task = MemberTask.model_validate(payload)
+            # The message's body as the dispatcher writes it ([[task], {}, embed]), its
+            # JSON read and the task validated in one pass of pydantic.
+            task = MEMBER_BODY.validate_json(body)[0][0]
         except ValidationError:
-            return None  # its plain run (workers.app.run_member) logs it and drops it
+            try:  # another sender's layout (the task as a keyword argument, say)
+                task = MemberTask.model_validate(task_payload(body))
+            except ValidationError:
+                return None  # its plain run (workers.app.run_member) logs it and drops it
         return begin_member(task, self.context())
 
     def run(self, b: Beginning, ack: BrokerAck) -> None:
