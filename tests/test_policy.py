@@ -445,3 +445,20 @@ def test_the_fixed_terms_memo_never_changes_a_decision(
                     (again := allocate(make_stats(source), params)).size,
                     again.p_success,
                 )
+
+
+def test_statistics_built_from_columns_keep_their_own_arrays() -> None:
+    # The rule's memo knows the arrays by identity, so a caller's array written after
+    # from_columns must not reach them.
+    alpha = np.array([1.0, 30.0])
+    stats = CandidateArrays.from_columns(
+        alpha=alpha, beta=[1.0, 1.0], f_int=[0.0, 0.0], loss=[0.0, 0.0], t_proc_s=[1.0, 1.0],
+        bytes=[0.0, 0.0], bandwidth_Bps=[math.inf, math.inf], jitter_Bps=[0.0, 0.0],
+    )  # fmt: skip
+    params = PolicyParams()
+    before = allocate(stats, params)
+    alpha[:] = [30.0, 1.0]
+    after = allocate(stats, params)
+    assert stats.alpha is not alpha and list(stats.alpha) == [1.0, 30.0]
+    np.testing.assert_array_equal(before.order, after.order)
+    np.testing.assert_array_equal(before.u_plus, after.u_plus)

@@ -83,6 +83,9 @@ class CandidateArrays:
     bandwidth and its standard deviation (bytes/s); inf bandwidth = a free link.
     rtt_s: the link's mean round-trip time (real mode, spec §13), counted in T only with
     ``PolicyParams.use_rtt``; None = unknown (no term).
+
+    The arrays are not written after construction: the rule's memo (``fixed``) knows
+    them by identity. :meth:`from_columns` copies what it is given for that reason.
     """
 
     alpha: FloatArray
@@ -109,7 +112,7 @@ class CandidateArrays:
         for name in _FIELDS:
             if name not in columns:
                 raise PolicyError(f"missing candidate statistic {name!r}")
-            arr = np.asarray(columns[name], dtype=np.float64)
+            arr = np.array(columns[name], dtype=np.float64)  # a copy: see the class
             if arr.ndim != 1:
                 raise PolicyError(f"{name} must be one-dimensional, got shape {arr.shape}")
             size = arr.shape[0] if size is None else size
@@ -118,7 +121,7 @@ class CandidateArrays:
             arrays[name] = arr
         rtt = columns.get("rtt_s")
         if rtt is not None:
-            arr = np.asarray(rtt, dtype=np.float64)
+            arr = np.array(rtt, dtype=np.float64)
             if arr.shape != (size,):
                 raise PolicyError(f"rtt_s has shape {arr.shape}, expected ({size},)")
             arrays["rtt_s"] = arr
