@@ -22,7 +22,6 @@ carried to the caller and sorted there grows with it). Both are written in one s
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import deque
 from collections.abc import Sequence
 
@@ -33,6 +32,7 @@ from coordinator.core.percentiles import nearest_rank
 from coordinator.errors import InputError, StoreError
 from coordinator.state import keys
 from coordinator.state.checks import check_amount
+from coordinator.state.ids import hex_id
 from coordinator.state.lua import script
 
 
@@ -52,7 +52,7 @@ def _check_role(role: str) -> str:
 def window_entry(latency_s: float, unique: str = "") -> str:
     """A window entry (keys.hedge_delay_window): the latency, then an id that keeps equal
     latencies apart in the sorted set (``unique``, else a random one)."""
-    return f"{latency_s!r}|{unique or uuid.uuid4().hex}"
+    return f"{latency_s!r}|{unique or hex_id(16)}"
 
 
 def entry_latency(raw: bytes | str) -> float:

@@ -10,8 +10,8 @@
   current epoch's deltas, the trace and the hedge-delay sample, atomically, and the
   message's ack. Two round trips, so that the caller's reply is written before the fold
   and the sample run (Redis answers a blocked caller only after every command of the
-  same turn). The
-  fold runs in the script, so concurrent workers never retry or queue on a lock.
+  same turn). The fold runs in the script, so concurrent workers never retry or queue
+  on a lock.
 
 The in-memory twin is :class:`coordinator.state.memstore.MemoryStore`'s methods of the
 same names. Key names: :mod:`coordinator.state.keys` (``idempotency`` holds the start
