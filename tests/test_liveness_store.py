@@ -1,5 +1,6 @@
 """Lost members on real Redis and Postgres (issue 8): the coordinator's record of a member
-that never started or never reported is counted once, online and in the recompute."""
+that never started or never reported is counted once, online and in the recompute; the
+check at a kept member's start timeout, on Redis and in memory."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 import redis
 from psycopg_pool import ConnectionPool
 
@@ -23,6 +25,9 @@ from coordinator.runtime.liveness import (
     outcome_key,
     start_key,
 )
+from coordinator.runtime.ports import RuntimeStore
+from coordinator.state import keys
+from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
 from coordinator.tracestore.db import connect
 from coordinator.tracestore.harvester import Harvester
@@ -31,6 +36,13 @@ from schemas.enums import FailureKind, MemberStatus
 from schemas.models import MemberTrace
 
 SETTINGS = HacoSettings(harvest_batch=500, harvest_block_ms=20, profile_ttl_s=600.0)
+
+
+def trace_count(store: RuntimeStore) -> int:
+    if isinstance(store, MemoryStore):
+        return len(store.traces)
+    assert isinstance(store, RedisStore)
+    return int(store.r.xlen(keys.TRACES))
 
 
 def base(member: str, cand: str, zone: str, at: float) -> MemberTrace:
@@ -99,3 +111,38 @@ def test_lost_members_survive_the_recompute(r: redis.Redis, pool: ConnectionPool
             assert got == getattr(online_c[cid], f), (cid, f)
     lk = links[link_id("eu", "us")]
     assert (lk.transmissions, lk.losses) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("worker_claims", "recorded", "left_for_deadline"),
+    [
+        ((), 1, 0),  # never started: declared not started, recorded lost at once
+        (("start",), 0, 1),  # started, no report yet: checked again at its deadline
+        (("start", "outcome"), 0, 0),  # started and reported: nothing left to check
+    ],
+)
+def test_a_kept_member_at_its_start_timeout(
+    store: RuntimeStore, worker_claims: tuple[str, ...], recorded: int, left_for_deadline: int
+) -> None:
+    rec = LostRecorder(store, SETTINGS, ProfileSettings(), time.time)
+    try:
+        for kind in worker_claims:
+            key = start_key("g.1") if kind == "start" else outcome_key("g.1")
+            assert claim(store, key, WORKER, 60.0)
+        kept = Lost(base("g.1", "c1", "us", 1.0), 1.0, False, None, 3.0, time.time() + 600)
+        rec.at_start_timeout(kept)
+        assert trace_count(store) == recorded
+        assert rec.deferred.pending() == left_for_deadline
+        # Whoever holds the start and the outcome, the check took neither from its worker.
+        for kind in worker_claims:
+            key = start_key("g.1") if kind == "start" else outcome_key("g.1")
+            assert not claim(store, key, COORDINATOR, 60.0)
+    finally:
+        rec.close()
+
+
+def test_claim_and_peek_claims_one_key_and_only_looks_at_the_other(store: RuntimeStore) -> None:
+    assert store.claim_and_peek("a", "x", 60.0, "b") == ("x", False)
+    assert store.claim_and_peek("a", "y", 60.0, "b") == ("x", False)  # held: its holder
+    assert store.claim_idempotency("b", "z", 60.0) == "z"  # the peek claimed nothing
+    assert store.claim_and_peek("c", "y", 60.0, "b") == ("y", True)

@@ -303,12 +303,22 @@ class LostRecorder:
                 self.deferred.at(m.deadline_at, functools.partial(self._at_deadline, m))
             else:
                 when = min(m.start_by, m.deadline_at)
-                self.deferred.at(when, functools.partial(self._at_start_timeout, m))
+                self.deferred.at(when, functools.partial(self.at_start_timeout, m))
 
-    def _at_start_timeout(self, m: Lost) -> None:
-        if self.claim_start(m.base.member_id):
+    def at_start_timeout(self, m: Lost) -> None:
+        """The check at the start timeout of ``m``, a member kept running past its group's
+        close and not known to have started: declared not started and recorded lost if
+        its worker has not claimed its start; else checked again at its deadline, unless
+        its outcome is claimed already."""
+        mid, ttl = m.base.member_id, self.settings.group_ttl_s
+        # The start's claim and a look at the outcome's, one round trip: a member that has
+        # reported by now (the usual loser kept running) leaves nothing for its deadline.
+        holder, outcome_claimed = self.store.claim_and_peek(
+            start_key(mid), COORDINATOR, ttl, outcome_key(mid)
+        )
+        if holder == COORDINATOR:
             self.record(m, self.clock())
-        else:  # it started in time: its own report, or a hang at the deadline
+        elif not outcome_claimed:  # it started in time: its own report, or a hang
             started = replace(m, started=True)
             self.deferred.at(m.deadline_at, functools.partial(self._at_deadline, started))
 

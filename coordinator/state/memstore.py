@@ -151,6 +151,10 @@ class MemoryStore:
         with self._lock:
             return self.idem.setdefault(key, member_id)
 
+    def claim_and_peek(self, key: str, member_id: str, ttl_s: float, peek: str) -> tuple[str, bool]:
+        with self._lock:
+            return self.idem.setdefault(key, member_id), peek in self.idem
+
     def set_cooldown(self, candidate_id: str, ttl_s: float, until_s: float) -> None:
         """As RedisStore.set_cooldown; the TTL is enforced on the injected clock."""
         with self._lock:

@@ -109,6 +109,7 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
         self.profile_settings = profile_settings or ProfileSettings()
         self._lean = lean_for(client)  # the hot path's calls (coordinator.state.lean)
         self._close = self._lean.script(script("close_group"))  # EVALSHA: sent once
+        self._claim_peek = self._lean.script(script("claim_peek"))
         self._init_member_ops(client)
         self._init_plan_reads(client, view_max_age_s)
         # Threads of one worker that fold into the same delta key would make each other's
@@ -209,6 +210,13 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
             return holder.decode() if isinstance(holder, bytes) else member_id
 
         return self._guard("claim an idempotency key", claim)
+
+    def claim_and_peek(self, key: str, member_id: str, ttl_s: float, peek: str) -> tuple[str, bool]:
+        k, px = [keys.idempotency(key), keys.idempotency(peek)], int(ttl_s * _MS)
+        holder, held = self._guard(
+            "claim an idempotency key", lambda: self._claim_peek(k, [member_id, px])
+        )
+        return text(holder), bool(held)
 
     def load_view(self, candidate_ids: Sequence[str], link_ids: Sequence[str]) -> ProfileView:
         """Effective profiles (snapshot + later deltas, one atomic read) and their version."""
