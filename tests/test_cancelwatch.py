@@ -19,6 +19,7 @@ from polling import wait_for
 from runtime_helpers import ROLE, SLOW, ScriptedBackend, Step
 
 from coordinator.config import HacoSettings
+from coordinator.runtime import liveness
 from coordinator.runtime.pool import sim_scenario
 from coordinator.runtime.ports import RuntimeStore
 from coordinator.state import keys
@@ -30,7 +31,7 @@ from schemas.enums import FailureKind, GroupSignal, MemberStatus
 from schemas.models import BackendSpec, Candidate, MemberTask, Message
 from schemas.pool import SimSection
 from workers.backends.simulated import SimBackend
-from workers.member import MemberContext, execute_member
+from workers.member import MemberContext, begin_member, execute_member, run_begun
 
 TTL = 60.0
 IDLE_S, RETRY_S = 0.05, 0.05  # the test watcher notices close and reconnects quickly
@@ -162,6 +163,29 @@ def test_a_member_of_a_cancelled_group_never_starts(setup: Setup) -> None:
     )
     assert backend.events == []
     assert watcher.running_groups() == []
+
+
+@pytest.mark.parametrize("signal", [GroupSignal.OPEN, GroupSignal.CANCELLED])
+def test_a_member_begun_without_its_start_makes_it_in_its_run(
+    setup: Setup, signal: GroupSignal
+) -> None:
+    """A member the lane took with another one is begun in its own thread (its watch
+    registered first) and its run makes the start: it runs in an open group, never in a
+    cancelled one, and its start claim is its worker's either way it ran."""
+    store, watcher = setup.store, setup.watcher
+    backend = ScriptedBackend({"c0": Step(0.001)})
+    store.open_group("g", TTL)
+    store.set_group_state("g", signal, TTL)
+    ctx = context(store, backend, watcher)
+    begun = begin_member(task_for("g"), ctx)
+    assert not begun.made and watcher.running_groups() == ["g"]
+    report = run_begun(begun, ctx)
+    assert watcher.running_groups() == []
+    if signal is GroupSignal.CANCELLED:
+        assert report.trace.failure_reason == "group cancelled" and backend.events == []
+        return
+    assert report.trace.status is MemberStatus.SUCCEEDED and backend.events
+    assert store.claim_idempotency(liveness.start_key("g.0"), "other", TTL) == liveness.WORKER
 
 
 # ---------------------------------------------------------------- nothing missed (Redis)

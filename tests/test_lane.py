@@ -450,3 +450,39 @@ def test_a_start_the_server_refuses_leaves_its_message_recorded_to_run_as_it_com
     assert begun is None and task_payload(delivery.body)["group_id"] == "g-wrong"
     assert "runs as it comes" in caplog.text
     assert starts.watcher.running_groups() == []  # its watch released
+
+
+class RecordedStarts(NotedStarts):
+    """The lane's real starts; each run notes its member and whether its start was made."""
+
+    def __init__(self, store: RedisStore, watcher: CancelWatcher) -> None:
+        super().__init__(store, watcher)
+        self.ran: dict[str, bool] = {}
+
+    def run(self, b: Beginning, ack: BrokerAck) -> None:
+        self.ran[b.task.member_id] = b.made
+        b.close()
+
+
+def test_the_member_taken_with_the_one_that_woke_the_lane_is_begun_in_its_own_thread(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts
+) -> None:
+    recorded = RecordedStarts(starts.context().store, starts.watcher)  # type: ignore[arg-type]
+    for group in ("g-a", "g-b"):
+        recorded.context().store.set_group_state(group, GroupSignal.OPEN, 60.0)
+    runs = Runs()
+    lane_ = MemberLane(broker, QUEUE, runs, task_name=keys.MEMBER_TASK, threads=2,
+                       poll_s=1.0, starts=recorded)  # fmt: skip
+    lane_.start()
+    try:
+        wait_for("the lane's BRPOP", lambda: blocked_in_brpop(broker), WAIT_S)
+        two_sent_at_once(broker, sender, [member_payload("g-a"), member_payload("g-b")])
+        wait_for("both members run", lambda: len(recorded.ran) == 2, WAIT_S)
+    finally:
+        runs.gate.set()
+        lane_.stop()
+    # The first started in its record's round trip; the second, validated as a member in
+    # its thread, makes its start in its run: neither ran as a plain payload.
+    assert recorded.ran == {"g-a.0": True, "g-b.0": False}
+    assert runs.payloads == []
+    assert starts.watcher.running_groups() == []

@@ -21,12 +21,13 @@ Celery worker also runs), and does only what a member needs:
   start (``coordinator/state/lane_start.lua``: the start ``workers.member`` would make
   first thing): an idle worker's member, the one a caller waits on, starts one round trip
   sooner.
-- **The member's own body** (``workers.app.run_member``): the payload validated, the
-  member run, its report; the report's script acknowledges the message in the same
-  step. A message the report did not acknowledge (a malformed payload, another task's
-  name, a store error) is acknowledged after, as Celery's ``acks_late`` task would be;
-  if that fails too the entry stays unacked and is restored later. A message with an
-  ETA runs at once (a member never has one).
+- **The member's own body**: the payload validated (from the message's JSON in one
+  pass of pydantic, :class:`Starts`), the member run, its report (``workers.member``);
+  the report's script acknowledges the message in the same step. A message the report
+  did not acknowledge (a malformed payload, another task's name, a store error) is
+  acknowledged after, as Celery's ``acks_late`` task would be; if that fails too the
+  entry stays unacked and is restored later. A message with an ETA runs at once (a
+  member never has one).
 
 The process stays a Celery worker (Flower lists it, remote control and heartbeats work,
 its channel sweeps expired unacked entries): its Celery consumer listens on
@@ -288,6 +289,7 @@ class MemberLane:
                     [repr(self.clock()), tag, entry, self.app_db, *args],
                 )
                 begun.state, begun.started = started_of(reply)
+                begun.made = True
                 return True, reply[2]
             except redis.RedisError as exc:
                 if begun is not None and isinstance(exc, redis.ResponseError):
@@ -305,7 +307,9 @@ class MemberLane:
                 # What Celery does with a task it does not know: log it, acknowledge it.
                 log.error("member lane: task %r on %s is not %s; dropped", d.task, self.queue,
                           self.task_name)  # fmt: skip
-            elif begun is not None and self.starts is not None:
+            elif (begun := begun or self._begin(d)) is not None and self.starts is not None:
+                # Its start made with its message's record, else (a message taken with
+                # another one) begun here: validated in one pass, its start made in its run.
                 self.starts.run(begun, BrokerAck(self._db, d.tag))
             else:
                 self.run(task_payload(d.body), BrokerAck(self._db, d.tag))

@@ -137,7 +137,8 @@ class Beginning:
     it and makes its start in one round trip (workers.lane), then runs it
     (:func:`run_begun`). Its cancel watch is registered before the start reads the group's
     signal, as :func:`execute_member` registers it; ``state`` and ``started`` are the
-    start's answer, set once it came."""
+    start's answer, set once it came (``made``). A member taken with another one is begun
+    in its own thread, and :func:`run_begun` makes its start (``made`` still False)."""
 
     task: MemberTask
     now: float  # the member's start, as its trace records it
@@ -145,6 +146,7 @@ class Beginning:
     watch: Watch | None = None
     state: GroupSignal | None = None
     started: Started = Started.NOT_STARTED
+    made: bool = False  # the start was made, and state and started are its answer
 
     def close(self) -> None:
         """Release the watch (after the run, or when the member never runs here)."""
@@ -229,13 +231,14 @@ def _execute(
     begun: Beginning | None = None,
 ) -> MemberReport:
     store = ctx.store
-    if begun is None:
+    if begun is not None and begun.made:  # in the round trip that took its message (lane)
+        now, state, started = begun.now, begun.state, begun.started
+    else:
         # The member's one read of its group, its start claim and its started token: one
         # round trip (coordinator.state.memberops).
-        now = ctx.clock()
-        state, started = store.start_member(_start_of(task, ctx, now))
-    else:  # made already, in the round trip that took its message (workers.lane)
-        now, state, started = begun.now, begun.state, begun.started
+        now = begun.now if begun is not None else ctx.clock()
+        start = begun.start if begun is not None else _start_of(task, ctx, now)
+        state, started = store.start_member(start)
     token, delay_s = liveness.started_token(task.rank), ctx.settings.started_notice_delay_s
     if started is not Started.RUN:
         # Never started. Its reply still goes back so a waiting coordinator knows; no
