@@ -54,3 +54,23 @@ def test_a_failing_record_is_logged() -> None:
 
 def test_a_record_the_close_overtook_is_dropped_quietly() -> None:
     assert _failing_record(close_in_action=True) == []
+
+
+def test_actions_run_in_due_order_whatever_order_they_came_in() -> None:
+    """The thread is woken only by an action due before the one it waits for: the others
+    still run, in due order, once due."""
+    now = [0.0]
+    d = Deferred(clock=lambda: now[0])
+    ran: list[str] = []
+    done = threading.Event()
+    try:
+        d.at(30.0, lambda: ran.append("third"))  # starts the thread, which waits for it
+        d.at(40.0, done.set)
+        d.at(10.0, lambda: ran.append("first"))  # before the head: the thread is woken
+        d.at(20.0, lambda: ran.append("second"))  # after the head: it is not
+        assert d.pending() == 4 and ran == []  # none due yet
+        now[0] = 50.0
+        assert done.wait(10.0)
+        assert ran == ["first", "second", "third"] and d.pending() == 0
+    finally:
+        d.close()

@@ -56,7 +56,8 @@ def base(member: str, cand: str, zone: str, at: float) -> MemberTrace:
 
 def lost(member: str, cand: str, zone: str, started: bool, at: float) -> Lost:
     why = GaveUp.NO_REPORT if started else GaveUp.NOT_STARTED
-    return Lost(base(member, cand, zone, at), at, started, why, at + 2.0, at + 10.0)
+    trace = base(member, cand, zone, at)
+    return Lost(member, "g", at, started, why, at + 2.0, at + 10.0, lambda: trace)
 
 
 def test_claims_decide_who_records_a_member(r: redis.Redis) -> None:
@@ -129,7 +130,8 @@ def test_a_kept_member_at_its_start_timeout(
         for kind in worker_claims:
             key = start_key("g.1") if kind == "start" else outcome_key("g.1")
             assert claim(store, key, WORKER, 60.0)
-        kept = Lost(base("g.1", "c1", "us", 1.0), 1.0, False, None, 3.0, time.time() + 600)
+        trace = base("g.1", "c1", "us", 1.0)
+        kept = Lost("g.1", "g", 1.0, False, None, 3.0, time.time() + 600, lambda: trace)
         rec.at_start_timeout(kept)
         assert trace_count(store) == recorded
         assert rec.deferred.pending() == left_for_deadline

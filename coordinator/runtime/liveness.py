@@ -38,7 +38,7 @@ import math
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from coordinator.config import HacoSettings
 from coordinator.core.evidence import link_id
@@ -174,7 +174,11 @@ class Deferred:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="haco-lost", daemon=True)
                 self._thread.start()
-            self._cv.notify()
+            elif self._heap[0][1] == self._seq:
+                # Due before what the thread waits for. Otherwise it is not woken: checks
+                # come in due order (each a start timeout or a deadline after its close),
+                # and a wake-up per close would cost the caller's thread the GIL.
+                self._cv.notify()
 
     def pending(self) -> int:
         with self._cv:
@@ -230,12 +234,16 @@ def watch_for(
 class Lost:
     """One member to record as lost, with what is known of it at the close."""
 
-    base: MemberTrace
+    member_id: str
+    group_id: str
     launched_at: float
     started: bool
     why: GaveUp | None
     start_by: float  # launched_at + its start timeout
     deadline_at: float
+    # The member's identity as a trace, built when it is recorded: most members a close
+    # leaves unreported are losers kept running, which report their own outcome.
+    trace_base: Callable[[], MemberTrace] = field(compare=False, repr=False)
 
 
 def _trace_base(g: Group, rank: int, caller_zone: str) -> MemberTrace:
@@ -256,9 +264,11 @@ def unreported(g: Group, caller_zone: str) -> list[Lost]:
     for r, at in enumerate(g.launched_at):
         if at is not None and g.reports[r] is None:
             why = w.given_up.get(r, (None,))[0]
-            base = _trace_base(g, r, caller_zone)
+            base = functools.partial(_trace_base, g, r, caller_zone)
             start_by = at + w.budgets[r].start_s
-            out.append(Lost(base, at, w.started(r), why, start_by, g.deadline_at))
+            out.append(
+                Lost(g.member_id(r), g.id, at, w.started(r), why, start_by, g.deadline_at, base)
+            )
     return out
 
 
@@ -310,7 +320,7 @@ class LostRecorder:
         close and not known to have started: declared not started and recorded lost if
         its worker has not claimed its start; else checked again at its deadline, unless
         its outcome is claimed already."""
-        mid, ttl = m.base.member_id, self.settings.group_ttl_s
+        mid, ttl = m.member_id, self.settings.group_ttl_s
         # The start's claim and a look at the outcome's, one round trip: a member that has
         # reported by now (the usual loser kept running) leaves nothing for its deadline.
         holder, outcome_claimed = self.store.claim_and_peek(
@@ -326,7 +336,7 @@ class LostRecorder:
         """Record a member that did not report by its deadline; a member recorded as hung
         is then stopped (its group cancelled: past the deadline nothing is awaited)."""
         if self.record(m, self.clock()) is FailureKind.TIMEOUT:
-            gid, ttl = m.base.group_id, self.settings.group_ttl_s
+            gid, ttl = m.group_id, self.settings.group_ttl_s
             self.store.set_group_state(gid, GroupSignal.CANCELLED, ttl)
 
     def zone_dark(self, candidate_ids: Sequence[str], now: float) -> None:
@@ -344,13 +354,13 @@ class LostRecorder:
         """Record ``m`` as lost unless it started after all (for a member not known to
         have started) or its worker recorded its own outcome first; the failure kind
         recorded, None when nothing was."""
-        ttl, mid = self.settings.group_ttl_s, m.base.member_id
+        ttl, mid = self.settings.group_ttl_s, m.member_id
         started = m.started
         if not started and not claim(self.store, start_key(mid), COORDINATOR, ttl):
             started = True  # its worker claimed the start: it runs, or ran
         if started and not claim(self.store, outcome_key(mid), COORDINATOR, ttl):
             return None  # it reported, and its worker counted it
-        report = lost_report(m.base, m.why, started, m.launched_at, now)
+        report = lost_report(m.trace_base(), m.why, started, m.launched_at, now)
         obs, legs = observations(report.trace)
         t = report.trace
         s = self.settings
