@@ -56,7 +56,7 @@ def overhead_goals(res: Json) -> dict[str, Any]:
         )
     if two50 is not None and two99 is not None:
         met2 = two50 <= GOALS["two_over_one"] and two99 <= GOALS["two_over_one"]
-    return {
+    out: dict[str, Any] = {
         "overhead_p50_over_bare_p50": p50,
         "overhead_p99_over_bare_p99": p99,
         "two_over_one_p50": two50,
@@ -64,6 +64,11 @@ def overhead_goals(res: Json) -> dict[str, Any]:
         "haco_1": met1,
         "haco_2": met2,
     }
+    if "haco_2_zones" in res:  # the members in two workers: beside the goal, not for it
+        zones = res["haco_2_zones"]["overhead"]
+        out["two_zones_over_one_p50"] = _ratio(zones["p50_ms"], one["p50_ms"])
+        out["two_zones_over_one_p99"] = _ratio(zones["p99_ms"], one["p99_ms"])
+    return out
 
 
 def worker_cpu(res: Json, system: str) -> float | None:

@@ -92,6 +92,19 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
                 f"({times(g['two_over_one_p50'])} · {times(g['two_over_one_p99'])})",
             ]
         )
+        if "haco_2_zones" in ov:
+            zones = ov["haco_2_zones"]["overhead"]
+            rows.append(
+                [
+                    "… the 2 members in two zones (a worker process each), p50 / p99 ms",
+                    f"**{num(zones['p50_ms'])} / {num(zones['p99_ms'])}**",
+                    "—",
+                    "—",
+                    "beside the goal (the row above: both in one worker)",
+                    f"{times(g['two_zones_over_one_p50'])} · "
+                    f"{times(g['two_zones_over_one_p99'])} of 1 member",
+                ]
+            )
     rows += throughput_rows(results(runtime, "throughput"))
     if ingest is None:
         rows.append(["trace ingest, 1 harvester", NA, "", "—", "", NA])

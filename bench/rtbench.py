@@ -19,6 +19,7 @@ import redis
 from bench.bare_celery import create_bare_app, send_echo
 from bench.rtlib import (
     READY_TIMEOUT_S,
+    ZONE2,
     Marks,
     Services,
     count_stream,
@@ -142,15 +143,18 @@ def _haco_summary(
 
 def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, Any]:
     """Sequential calls of bare Celery (send_task → the worker's LPUSH → BRPOP) and of
-    HACO with one and two members, ``n`` each, in ``rounds`` interleaved blocks (bare,
-    one, two, bare, …): the three are compared side by side in time, not one after the
-    other, so a slow spell of the machine weighs on each alike."""
+    HACO with one member, two members in one zone (one worker runs both) and, when
+    ``svc`` runs a worker in ZONE2 too, two members in two zones (a worker each), ``n``
+    each, in ``rounds`` interleaved blocks (bare, one, two, …): compared side by side in
+    time, not one after the other, so a slow spell of the machine weighs on each alike."""
     client, marks = timed_client(svc.url)
     app = create_bare_app(svc.url)
     r = svc.app_redis
     bare: list[float] = []
     rows: dict[str, list[Row]] = {"one": [], "two": []}
-    opts = {"one": {}, "two": TWO_MEMBERS}
+    if ZONE2 in svc.stack.workers:
+        rows["two-zones"] = []
+    opts = {"one": {}, "two": TWO_MEMBERS, "two-zones": TWO_MEMBERS}
     try:
         for role in rows:
             wait_ready(client, role, svc)
@@ -171,12 +175,15 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
         client.close()
         app.close()
     traces = read_traces(svc.app_redis, since)
-    return {
+    out = {
         "rounds": rounds,
         "bare_celery_roundtrip": summary_ms(bare),
         "haco_1": _haco_summary("one", rows["one"], traces, marks),
         "haco_2": _haco_summary("two", rows["two"], traces, marks),
     }
+    if "two-zones" in rows:
+        out["haco_2_zones"] = _haco_summary("two-zones", rows["two-zones"], traces, marks)
+    return out
 
 
 # ---------------------------------------------------------------- 2. throughput

@@ -45,6 +45,7 @@ from schemas.models import MemberTask
 BENCH = Path(__file__).resolve().parent
 POOL_FILE = BENCH / "fixtures" / "runtime_pool.toml"
 ZONE = "local"
+ZONE2 = "local2"  # the second zone: the "two-zones" role's second member, its own worker
 STOP_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 60.0
 ECHO_IN, ECHO_OUT = "bench:echo:in", "bench:echo:out"
@@ -187,8 +188,10 @@ class Services:
             with redis.Redis.from_url(with_db(self.url, db)) as r:
                 r.flushdb()
 
-    def start_haco(self) -> None:
-        self.stack.start_worker(ZONE, self.concurrency)
+    def start_haco(self, zones: Sequence[str] = (ZONE,)) -> None:
+        """A HACO worker for each of ``zones``."""
+        for zone in zones:
+            self.stack.start_worker(zone, self.concurrency)
 
     def start_bare(self) -> None:
         cmd = [sys.executable, "-m", "bench.bare_celery", "worker", "--url", self.url]

@@ -28,7 +28,16 @@ from rich.table import Table
 from bench import hotpath_goals, rtbench, rtgrowth, rtplan, rttail
 from bench.console import err, show
 from bench.hotpath_goals import GOALS
-from bench.rtlib import Services, echo_floor, echo_peer, machine, server_info, summary_ms
+from bench.rtlib import (
+    ZONE,
+    ZONE2,
+    Services,
+    echo_floor,
+    echo_peer,
+    machine,
+    server_info,
+    summary_ms,
+)
 
 BENCHES = ("overhead", "throughput", "tail", "loser")  # `all`
 CURVES = ("growth", "planning")  # issue 12's growth curves, run by name
@@ -54,7 +63,7 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
     n = args.n or DEFAULT_N["overhead"]
     floor = summary_ms(echo_floor(svc.url, n))
     svc.start_bare()
-    svc.start_haco()
+    svc.start_haco((ZONE, ZONE2))
     measured = rtbench.overhead(svc, n)
     bare, one, two = (measured[k] for k in ("bare_celery_roundtrip", "haco_1", "haco_2"))
     res: dict[str, Any] = {"n": n, "floor_echo": floor, **measured}
@@ -73,21 +82,24 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
 
     row("floor: Redis LPUSH→BRPOP echo, 2 processes", floor)
     row("bare Celery round trip (send_task → LPUSH → BRPOP)", bare)
-    for name, r in (("1 member", one), ("2 members, parallel, first", two)):
+    variants = [("1 member", one), ("2 members, parallel, first", two)]
+    if "haco_2_zones" in measured:
+        variants.append(("2 members in 2 zones, first", measured["haco_2_zones"]))
+    for name, r in variants:
         row(f"HACO {name}: group latency (caller)", r["group_e2e"])
         row(f"HACO {name}: overhead = group − fastest member", r["overhead"])
         row(f"HACO {name}: overhead, coordinator's latency_s", r["overhead_coordinator"])
     show(t)
     b = Table(title="where the overhead goes (fastest member), ms p50 / p99")
     b.add_column("stage")
-    for name in ("1 member", "2 members"):
-        b.add_column(name, justify="right")
+    for name, _ in variants:
+        b.add_column(name.removesuffix(", first").removesuffix(", parallel"), justify="right")
     for stage in one["breakdown_p50_ms"]:
         b.add_row(
             stage,
             *(
                 f"{r['breakdown_p50_ms'][stage]:.3f} / {r['breakdown_p99_ms'][stage]:.3f}"
-                for r in (one, two)
+                for _, r in variants
             ),
         )
     show(b)

@@ -222,6 +222,20 @@ def test_the_verdicts_follow_the_numbers(tmp_path: Path) -> None:
     assert "✘ not met" in _row(block, "staggered tail")  # more than 5 % extra load
 
 
+def test_two_members_in_two_zones_are_shown_beside_the_goal_not_judged(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, RUNTIME))  # not measured: no row
+    assert "in two zones" not in _block(doc.read_text(encoding="utf-8"))
+    zones = copy.deepcopy(RUNTIME)
+    zones["results"]["overhead"]["haco_2_zones"] = {"overhead": _pct(1.5, 3.6)}
+    assert overhead_goals(zones["results"]["overhead"])["haco_2"] is True  # unchanged
+    main(_write(tmp_path, zones))
+    row = _row(_block(doc.read_text(encoding="utf-8")), "… the 2 members in two zones")
+    assert "1.50 / 3.60" in row and "1.50× · 1.20× of 1 member" in row
+    assert "met" not in row
+
+
 def test_goal_arithmetic() -> None:
     ov = overhead_goals(RUNTIME["results"]["overhead"])
     assert ov["overhead_p50_over_bare_p50"] == pytest.approx(0.5)
