@@ -84,7 +84,7 @@ def _breakdown(t0: float, t1: float, gid: str, m: dict[str, Any], marks: Marks) 
     }
 
 
-Row = tuple[str, float, float, float]  # group id, caller's start and end, latency_s
+Row = tuple[str, float, float, float, str]  # group id, caller's start and end, latency_s, winner
 OVERHEAD_ROUNDS = 10  # blocks per system, interleaved: a slow spell falls on each alike
 TWO_MEMBERS = {**HEDGED, "launch_mode": "parallel"}
 
@@ -94,7 +94,7 @@ def _haco_calls(client: HacoClient, role: str, n: int, opts: dict[str, Any]) -> 
     for _ in range(n):
         t0 = time.time()
         res = client.invoke(role, "x", deadline_s=CALL_DEADLINE_S, **opts)
-        rows.append((res.group_id, t0, time.time(), res.latency_s))
+        rows.append((res.group_id, t0, time.time(), res.latency_s, res.winner_id or ""))
     return rows
 
 
@@ -109,18 +109,50 @@ def _bare_calls(app: Any, r: redis.Redis, n: int) -> list[float]:
     return out
 
 
+Started = tuple[float, list[dict[str, Any]], str]  # first send, succeeded members, winner
+
+
+def _by_start(groups: list[Started]) -> dict[str, Any] | None:
+    """The members of multi-member groups in the order they started (``groups``: each
+    group's first send, its succeeded members and its winner): each one's start after
+    the send and own latency at p50, and how often the first to start was the fastest
+    and the winner."""
+    multi = [(f, sorted(ms, key=lambda m: m["started_at_s"]), w) for f, ms, w in groups]
+    multi = [(f, ms, w) for f, ms, w in multi if len(ms) > 1]
+    if not multi:
+        return None
+    size = min(len(ms) for _, ms, _ in multi)
+    order = [
+        {
+            "start_after_send_p50_ms": median([ms[i]["started_at_s"] - f for f, ms, _ in multi])
+            * 1e3,
+            "own_p50_ms": median([own_latency(ms[i]) for _, ms, _ in multi]) * 1e3,
+        }
+        for i in range(size)
+    ]
+    fastest = sum(1 for _, ms, _ in multi if own_latency(ms[0]) <= min(map(own_latency, ms)))
+    won = sum(1 for _, ms, w in multi if ms[0]["member_id"] == w)
+    n = len(multi)
+    return {
+        "groups": n, "members": order, "first_started_fastest": fastest / n,
+        "first_started_won": won / n,
+    }  # fmt: skip
+
+
 def _haco_summary(
     role: str, rows: list[Row], traces: dict[str, list[dict[str, Any]]], marks: Marks
 ) -> dict[str, Any]:
     """Group latency minus the fastest member's own latency, and the stages."""
     e2e, coord, over_e2e, over_coord = [], [], [], []
     parts: dict[str, list[float]] = {}
+    groups: list[Started] = []
     missing = 0
-    for gid, t0, t1, lat in rows:
+    for gid, t0, t1, lat, winner in rows:
         done = [m for m in traces.get(gid, []) if m["status"] == "succeeded"]
         if not done:
             missing += 1  # its trace is not in the stream (yet): left out
             continue
+        groups.append((min(s for s, _ in marks.sent[gid].values()), done, winner))
         m = min(done, key=own_latency)
         e2e.append(t1 - t0)
         coord.append(lat)
@@ -138,6 +170,7 @@ def _haco_summary(
         "overhead_coordinator": summary_ms(over_coord),
         "breakdown_p50_ms": {k: interpolated(v, 50)[0] * 1e3 for k, v in parts.items()},
         "breakdown_p99_ms": {k: interpolated(v, 99)[0] * 1e3 for k, v in parts.items()},
+        "by_start_order": _by_start(groups),
     }
 
 

@@ -103,6 +103,18 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
             ),
         )
     show(b)
+    for name, r in variants:
+        if (order := r.get("by_start_order")) is not None:
+            members = "; ".join(
+                f"#{i + 1} starts {m['start_after_send_p50_ms']:.2f} ms after the send, own "
+                f"{m['own_p50_ms']:.2f} ms"
+                for i, m in enumerate(order["members"])
+            )
+            err.print(
+                f"HACO {name}, members by start order (p50): {members}; the first to start "
+                f"is the fastest in {order['first_started_fastest']:.0%} of groups and wins "
+                f"{order['first_started_won']:.0%}"
+            )
     return res
 
 

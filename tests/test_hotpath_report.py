@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench.hotpath_goals import ideal_at, overhead_goals, tail_goals, throughput_goals
-from bench.hotpath_report import BEGIN, END, main
+from bench.hotpath_report import BEGIN, END, INPUTS, main
 from bench.rttail import p99_interval, same_draws
 
 DOC = """# Benchmarks
@@ -152,6 +152,8 @@ def _write(tmp: Path, runtime: dict[str, Any], ingest_tps: float = 22332.0) -> l
         path = tmp / f"{name}.json"
         path.write_text(json.dumps(data), encoding="utf-8")
         args += [f"--{name}", str(path)]
+    for name in set(INPUTS) - set(files):  # not measured here, whatever out/bench holds
+        args += [f"--{name}", str(tmp / f"absent-{name}.json")]
     return [*args, "--doc", str(tmp / "BENCHMARKS.md")]
 
 
