@@ -75,6 +75,13 @@ def task_for(group_id: str, cid: str = "c0") -> MemberTask:
     )
 
 
+def trace_count(store: RuntimeStore) -> int:
+    if isinstance(store, MemoryStore):
+        return len(store.traces)
+    assert isinstance(store, RedisStore)
+    return int(store.r.xlen(keys.TRACES))
+
+
 def context(store: RuntimeStore, backend: Any, watcher: CancelWatcher | None) -> MemberContext:
     settings = HacoSettings(cancel_poll_s=0.002)
     return MemberContext(
@@ -186,6 +193,44 @@ def test_a_member_begun_without_its_start_makes_it_in_its_run(
         return
     assert report.trace.status is MemberStatus.SUCCEEDED and backend.events
     assert store.claim_idempotency(liveness.start_key("g.0"), "other", TTL) == liveness.WORKER
+
+
+def test_a_member_stopped_past_its_deadline_leaves_its_outcome_to_the_coordinator(
+    setup: Setup,
+) -> None:
+    """Its coordinator's deadline close cancelled it and records it lost (a hang), so the
+    member replies and claims nothing: no trace of its own, the outcome's claim free."""
+    store, watcher = setup.store, setup.watcher
+    backend = ScriptedBackend({"c0": Step(SLOW)})
+    store.open_group("g", TTL)
+    task = task_for("g").model_copy(update={"deadline_at_s": time.time() + 0.05})
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(execute_member, task, context(store, backend, watcher))
+        wait_for("the member to start", lambda: ("start", "c0") in backend.events)
+        wait_for("its deadline to pass", lambda: time.time() > task.deadline_at_s + 0.01)
+        store.set_group_state("g", GroupSignal.CANCELLED, TTL)  # the deadline close
+        report = running.result(timeout=30.0)
+    assert report.trace.status is MemberStatus.CANCELLED
+    assert store.pop_reply("g", 0.0) is not None  # its reply went back
+    assert trace_count(store) == 0
+    assert store.claim_idempotency(liveness.outcome_key("g.0"), "coordinator", TTL) == (
+        "coordinator"
+    )
+
+
+def test_a_member_stopped_before_its_deadline_reports_its_own_outcome(setup: Setup) -> None:
+    store, watcher = setup.store, setup.watcher
+    backend = ScriptedBackend({"c0": Step(SLOW)})
+    store.open_group("g", TTL)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(execute_member, task_for("g"), context(store, backend, watcher))
+        wait_for("the member to start", lambda: ("start", "c0") in backend.events)
+        store.set_group_state("g", GroupSignal.CANCELLED, TTL)  # a loser cancelled
+        assert running.result(timeout=30.0).trace.status is MemberStatus.CANCELLED
+    assert trace_count(store) == 1
+    assert store.claim_idempotency(liveness.outcome_key("g.0"), "coordinator", TTL) == (
+        liveness.WORKER
+    )
 
 
 # ---------------------------------------------------------------- nothing missed (Redis)

@@ -8,10 +8,11 @@ reply first (it is on the caller's critical path), with, for a member that carri
 group's close, that close when its report is the group's first and a success
 (coordinator.state.closing); then, once the reply is written, what the call taught into
 the shared profiles, the trace stream and the role's hedge-delay window (harvesting).
-The start is one Redis round trip, the report one and its harvest another
-(coordinator.state.memberops); a member that wakes an idle member lane makes its start
-in the lane's round trip that records its message instead (:func:`begin_member`,
-:func:`run_begun`: workers.lane).
+A member stopped by a cancel past its deadline replies and harvests nothing: its
+coordinator records it lost. The start is one Redis round trip, the report one and its
+harvest another (coordinator.state.memberops); a member that wakes an idle member lane
+makes its start in the lane's round trip that records its message instead
+(:func:`begin_member`, :func:`run_begun`: workers.lane).
 Last, a success that came back without a judged quality (a real backend) goes to the
 judge, when one is configured.
 """
@@ -265,6 +266,12 @@ def _execute(
     outcome = _commit_once(task, backend, result, ctx)
     finished = ctx.clock()
     report = _report(task, outcome, now, finished, _status(outcome))
+    if result.failure is FailureKind.CANCELLED and finished >= task.deadline_at_s:
+        # Stopped past its deadline: by its coordinator's deadline close, which records it
+        # lost (a hang: TIMEOUT, coordinator.runtime.liveness). The reply alone, so that
+        # record, not this cancellation, is the member's outcome whichever comes first.
+        _reply(task, report, ctx)
+        return report
     # The reply, then what the call taught (coordinator.core.observations) — even when its
     # side effect was not committed because another member held the idempotency key
     # first — unless its coordinator already recorded it as lost (never counted twice).
