@@ -28,7 +28,7 @@ from coordinator.state.closing import CloseLimits, GroupClose
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
-from schemas.models import BackendSpec, Candidate, MemberTask, Message
+from schemas.models import BackendSpec, Candidate, MemberReport, MemberTask, Message
 from schemas.pool import SimSection
 from workers.backends.simulated import SimBackend
 from workers.member import MemberContext, begin_member, execute_member, run_begun
@@ -126,18 +126,30 @@ def test_a_resolved_group_does_not_stop_its_members(setup: Setup) -> None:
         assert not stop()
 
 
-def test_a_running_member_is_stopped_by_its_watcher(setup: Setup) -> None:
-    store, watcher = setup.store, setup.watcher
+def cancelled_while_running(setup: Setup, task: MemberTask) -> MemberReport:
+    """``task`` run on a backend that only ends when cancelled; its group cancelled once
+    it runs and its deadline (when it is near) has passed."""
     backend = ScriptedBackend({"c0": Step(SLOW)})
-    store.open_group("g", TTL)
+    setup.store.open_group("g", TTL)
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(execute_member, task_for("g"), context(store, backend, watcher))
+        ctx = context(setup.store, backend, setup.watcher)
+        running = pool.submit(execute_member, task, ctx)
         wait_for("the member to start", lambda: ("start", "c0") in backend.events)
-        store.set_group_state("g", GroupSignal.CANCELLED, TTL)
-        report = running.result(timeout=30.0)
+        if task.deadline_at_s < time.time() + 1.0:
+            wait_for("its deadline to pass", lambda: time.time() > task.deadline_at_s + 0.01)
+        setup.store.set_group_state("g", GroupSignal.CANCELLED, TTL)
+        return running.result(timeout=30.0)
+
+
+def test_a_running_member_is_stopped_by_its_watcher(setup: Setup) -> None:
+    """A loser cancelled before its deadline reports its own outcome (and claims it)."""
+    report = cancelled_while_running(setup, task_for("g"))
     assert report.trace.status is MemberStatus.CANCELLED
     assert report.trace.failure_reason == "stopped by the cancel flag"
-    assert watcher.running_groups() == []
+    assert setup.watcher.running_groups() == []
+    assert trace_count(setup.store) == 1
+    claim = setup.store.claim_idempotency(liveness.outcome_key("g.0"), "coordinator", TTL)
+    assert claim == liveness.WORKER
 
 
 def test_a_simulated_call_is_woken_by_the_cancel(setup: Setup) -> None:
@@ -200,37 +212,13 @@ def test_a_member_stopped_past_its_deadline_leaves_its_outcome_to_the_coordinato
 ) -> None:
     """Its coordinator's deadline close cancelled it and records it lost (a hang), so the
     member replies and claims nothing: no trace of its own, the outcome's claim free."""
-    store, watcher = setup.store, setup.watcher
-    backend = ScriptedBackend({"c0": Step(SLOW)})
-    store.open_group("g", TTL)
     task = task_for("g").model_copy(update={"deadline_at_s": time.time() + 0.05})
-    with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(execute_member, task, context(store, backend, watcher))
-        wait_for("the member to start", lambda: ("start", "c0") in backend.events)
-        wait_for("its deadline to pass", lambda: time.time() > task.deadline_at_s + 0.01)
-        store.set_group_state("g", GroupSignal.CANCELLED, TTL)  # the deadline close
-        report = running.result(timeout=30.0)
+    report = cancelled_while_running(setup, task)
     assert report.trace.status is MemberStatus.CANCELLED
-    assert store.pop_reply("g", 0.0) is not None  # its reply went back
-    assert trace_count(store) == 0
-    assert store.claim_idempotency(liveness.outcome_key("g.0"), "coordinator", TTL) == (
-        "coordinator"
-    )
-
-
-def test_a_member_stopped_before_its_deadline_reports_its_own_outcome(setup: Setup) -> None:
-    store, watcher = setup.store, setup.watcher
-    backend = ScriptedBackend({"c0": Step(SLOW)})
-    store.open_group("g", TTL)
-    with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(execute_member, task_for("g"), context(store, backend, watcher))
-        wait_for("the member to start", lambda: ("start", "c0") in backend.events)
-        store.set_group_state("g", GroupSignal.CANCELLED, TTL)  # a loser cancelled
-        assert running.result(timeout=30.0).trace.status is MemberStatus.CANCELLED
-    assert trace_count(store) == 1
-    assert store.claim_idempotency(liveness.outcome_key("g.0"), "coordinator", TTL) == (
-        liveness.WORKER
-    )
+    assert setup.store.pop_reply("g", 0.0) is not None  # its reply went back
+    assert trace_count(setup.store) == 0
+    claim = setup.store.claim_idempotency(liveness.outcome_key("g.0"), "coordinator", TTL)
+    assert claim == "coordinator"
 
 
 # ---------------------------------------------------------------- nothing missed (Redis)
