@@ -15,10 +15,13 @@ from coordinator.config import HacoSettings
 from coordinator.runtime.coordinator import Coordinator, InvocationResult
 from coordinator.runtime.dispatch import ThreadDispatcher
 from coordinator.runtime.pool import Pool
+from coordinator.runtime.ports import RuntimeStore
+from coordinator.state import keys
 from coordinator.state.budget import MemoryBudget
 from coordinator.state.cancelwatch import MemoryCancelWatcher
 from coordinator.state.hedgedelay import MemoryDelayWindow
 from coordinator.state.memstore import MemoryStore
+from coordinator.state.store import RedisStore
 from schemas.enums import FailureKind
 from schemas.models import BackendSpec, Candidate, MemberReport, MemberTask, Message, RoleInvocation
 from schemas.pool import PoolConfig
@@ -30,6 +33,14 @@ SLOW = 5.0  # a member that only ends when it is cancelled (every test ends far 
 AWAIT_CAP_S = 2.0  # a member awaiting events gives up after this (a failing test, no hang)
 Event = tuple[str, str]  # (what, candidate id) as the scripted backend records it
 RETURNED: Event = ("returned", "")
+
+
+def trace_count(store: RuntimeStore) -> int:
+    """Traces appended to the trace stream (Redis) or the in-memory store."""
+    if isinstance(store, MemoryStore):
+        return len(store.traces)
+    assert isinstance(store, RedisStore)
+    return int(store.r.xlen(keys.TRACES))
 
 
 def started(*cids: str) -> tuple[Event, ...]:

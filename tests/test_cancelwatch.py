@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 from polling import wait_for
-from runtime_helpers import ROLE, SLOW, ScriptedBackend, Step
+from runtime_helpers import ROLE, SLOW, ScriptedBackend, Step, trace_count
 
 from coordinator.config import HacoSettings
 from coordinator.runtime import liveness
@@ -73,13 +73,6 @@ def task_for(group_id: str, cid: str = "c0") -> MemberTask:
         deadline_at_s=now + 30.0,
         enqueued_at_s=now,
     )
-
-
-def trace_count(store: RuntimeStore) -> int:
-    if isinstance(store, MemoryStore):
-        return len(store.traces)
-    assert isinstance(store, RedisStore)
-    return int(store.r.xlen(keys.TRACES))
 
 
 def context(store: RuntimeStore, backend: Any, watcher: CancelWatcher | None) -> MemberContext:

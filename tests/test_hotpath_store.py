@@ -9,6 +9,7 @@ import random
 
 import pytest
 import redis
+from runtime_helpers import trace_count
 
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.core.profiles import (
@@ -24,7 +25,6 @@ from coordinator.state import keys
 from coordinator.state.codec import decode_candidate, decode_link
 from coordinator.state.hedgedelay import entry_latency
 from coordinator.state.memberops import MemberOutcome, MemberStart, OutcomeLimits, Started
-from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
 from schemas.enums import FailureKind, GroupSignal
 
@@ -60,13 +60,6 @@ def replies(store: RuntimeStore, group: str) -> list[str]:
 def profiles(store: RuntimeStore) -> tuple[CandidateProfile | None, LinkProfile | None]:
     cands, links = store.load_profiles(["c1"], ["a->b"])
     return cands.get("c1"), links.get("a->b")
-
-
-def trace_count(store: RuntimeStore) -> int:
-    if isinstance(store, MemoryStore):
-        return len(store.traces)
-    assert isinstance(store, RedisStore)
-    return int(store.r.xlen(keys.TRACES))
 
 
 OBS = CandidateObservation(1.0, True, None, 0.8, 0.25, 10, 20)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from psycopg_pool import ConnectionPool
+from runtime_helpers import trace_count
 
 from coordinator.config import HacoSettings
 from coordinator.core.evidence import link_id
@@ -26,8 +27,6 @@ from coordinator.runtime.liveness import (
     start_key,
 )
 from coordinator.runtime.ports import RuntimeStore
-from coordinator.state import keys
-from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
 from coordinator.tracestore.db import connect
 from coordinator.tracestore.harvester import Harvester
@@ -36,13 +35,6 @@ from schemas.enums import FailureKind, MemberStatus
 from schemas.models import MemberTrace
 
 SETTINGS = HacoSettings(harvest_batch=500, harvest_block_ms=20, profile_ttl_s=600.0)
-
-
-def trace_count(store: RuntimeStore) -> int:
-    if isinstance(store, MemoryStore):
-        return len(store.traces)
-    assert isinstance(store, RedisStore)
-    return int(store.r.xlen(keys.TRACES))
 
 
 def base(member: str, cand: str, zone: str, at: float) -> MemberTrace:

@@ -326,8 +326,8 @@ class LostRecorder:
         holder, outcome_claimed = self.store.claim_and_peek(
             start_key(mid), COORDINATOR, ttl, outcome_key(mid)
         )
-        if holder == COORDINATOR:
-            self.record(m, self.clock())
+        if holder == COORDINATOR:  # declared not started: the claim is held already
+            self.record(m, self.clock(), start_claimed=True)
         elif not outcome_claimed:  # it started in time: its own report, or a hang
             started = replace(m, started=True)
             self.deferred.at(m.deadline_at, functools.partial(self._at_deadline, started))
@@ -350,14 +350,15 @@ class LostRecorder:
         """Declare a member not started (False: its worker started it first)."""
         return claim(self.store, start_key(member_id), COORDINATOR, self.settings.group_ttl_s)
 
-    def record(self, m: Lost, now: float) -> FailureKind | None:
+    def record(self, m: Lost, now: float, start_claimed: bool = False) -> FailureKind | None:
         """Record ``m`` as lost unless it started after all (for a member not known to
-        have started) or its worker recorded its own outcome first; the failure kind
-        recorded, None when nothing was."""
+        have started; ``start_claimed``: this coordinator holds its start claim already)
+        or its worker recorded its own outcome first; the failure kind recorded, None
+        when nothing was."""
         ttl, mid = self.settings.group_ttl_s, m.member_id
         started = m.started
-        if not started and not claim(self.store, start_key(mid), COORDINATOR, ttl):
-            started = True  # its worker claimed the start: it runs, or ran
+        if not (started or start_claimed):  # its worker holds the start: it runs, or ran
+            started = not claim(self.store, start_key(mid), COORDINATOR, ttl)
         if started and not claim(self.store, outcome_key(mid), COORDINATOR, ttl):
             return None  # it reported, and its worker counted it
         report = lost_report(m.trace_base(), m.why, started, m.launched_at, now)
