@@ -43,6 +43,7 @@ from coordinator.runtime.group import (
     final_state,
     group_verdict,
     launched_reports,
+    member_task,
     metrics,
     stage_closes,
     summaries,
@@ -59,7 +60,6 @@ from coordinator.runtime.pool import Pool
 from coordinator.runtime.ports import DelayWindow, Dispatcher, HedgeBudget, RuntimeStore
 from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.runtime.viewing import Views
-from coordinator.state import keys
 from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed, parse_closed
 from coordinator.state.ids import hex_id
 from schemas.enums import GroupSignal, GroupState, MemberStatus
@@ -210,21 +210,8 @@ class Coordinator:
                 return None
             g.backups += 1
         cand = g.candidates[launch.rank]
-        d = g.decision
-        task = MemberTask(
-            group_id=g.id,
-            member_id=g.member_id(launch.rank),
-            rank=launch.rank,
-            candidate=self.pool.as_sent(cand),
-            caller_zone=self.pool.config.caller_zone,
-            payload=g.payload.payload,
-            deadline_at_s=g.deadline_at,
-            enqueued_at_s=now,
-            u_plus=d.u_plus[launch.rank] if d.u_plus else 0.0,
-            r_minus=d.r_minus[launch.rank] if d.r_minus else 0.0,
-            idempotency_key=g.payload.idempotency_key,
-            stream_to=keys.member_chunks(g.id, launch.rank) if g.stream else None,
-        )
+        sent, caller = self.pool.as_sent(cand), self.pool.config.caller_zone
+        task = member_task(g, launch.rank, sent, caller, now)
         g.launched_at[launch.rank] = now
         g.watch.on_launch(launch.rank, now)
         g.launcher.on_launch(launch, now)

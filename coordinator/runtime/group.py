@@ -19,6 +19,7 @@ from coordinator.core.winner import Report, Verdict, verdict
 from coordinator.runtime.pool import CallSettings
 from coordinator.runtime.results import InvocationResult, MemberSummary
 from coordinator.runtime.timers import TIMERS, Handle, Timers
+from coordinator.state import keys
 from coordinator.state.opening import GroupOpening
 from schemas.enums import GroupSignal, GroupState, MemberStatus, WinnerMode
 from schemas.models import (
@@ -185,6 +186,26 @@ def won_result(g: Group, win: int, members: list[MemberSummary], now: float) -> 
         rep.output if rep else None, rep.trace.quality if rep else None,
         g.decision.p_success, g.decision.stop, now - g.t0, members, g.backups,
     )  # fmt: skip
+
+
+def member_task(g: Group, rank: int, sent: Candidate, caller_zone: str, now: float) -> MemberTask:
+    """The task of ``g``'s member of ``rank`` (``sent``: its candidate as workers get it,
+    Pool.as_sent), launched at ``now``."""
+    d = g.decision
+    return MemberTask(
+        group_id=g.id,
+        member_id=g.member_id(rank),
+        rank=rank,
+        candidate=sent,
+        caller_zone=caller_zone,
+        payload=g.payload.payload,
+        deadline_at_s=g.deadline_at,
+        enqueued_at_s=now,
+        u_plus=d.u_plus[rank] if d.u_plus else 0.0,
+        r_minus=d.r_minus[rank] if d.r_minus else 0.0,
+        idempotency_key=g.payload.idempotency_key,
+        stream_to=keys.member_chunks(g.id, rank) if g.stream else None,
+    )
 
 
 def stages_close(g: Group, rank: int) -> bool:
