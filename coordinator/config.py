@@ -158,6 +158,17 @@ class HacoSettings(BaseSettings):
     hedge_delay_min_samples: Annotated[int, Field(ge=1)] = 20
     initial_hedge_delay_s: Seconds = 1.0
 
+    # A backup's timer runs early by the median of this process's recent paths from a
+    # timer to the backup's send (the wake token's trip, the budget's round trip:
+    # coordinator.runtime.lead), over the last launch_lead_window backups once
+    # launch_lead_min_samples are in, and by at most launch_lead_max_s: the send then
+    # lands on the hedge delay. 64: a median that one slow path does not move, and
+    # follows a change of load within some 30 backups. 10 ms: a path longer than that is
+    # a stalled process, not the timer's. 0 s: no lead.
+    launch_lead_window: Annotated[int, Field(ge=1, le=10_000)] = 64
+    launch_lead_min_samples: Annotated[int, Field(ge=1)] = 5
+    launch_lead_max_s: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.01
+
     # Fleet-wide hedge budget: a token bucket in Redis. Every invocation earns
     # ``budget_ratio`` tokens (up to ``budget_burst``); a backup costs one. Tokens are
     # also metered: ``budget_tokens_per_s`` LLM tokens per second may go to backups.

@@ -99,6 +99,39 @@ def test_wake_at_follows_the_last_launch() -> None:
     assert launcher.wake_at() == START + 2 * DELAY
 
 
+def test_a_lead_makes_the_backup_due_that_much_before_its_delay() -> None:
+    launcher = staggered(size=3)
+    launcher.lead_s = 0.002  # the runtime's wake-up-to-send path, measured
+    start(launcher)
+    assert launcher.wake_at() == START + DELAY - 0.002
+    assert launcher.due(START + DELAY - 0.0021) is None
+    assert launcher.due(START + DELAY - 0.002) == Launch(1, LaunchReason.BACKUP)
+    sent = START + DELAY  # the send landed on the delay: the next timer runs from it
+    launcher.on_launch(Launch(1, LaunchReason.BACKUP), sent)
+    assert launcher.wake_at() == sent + DELAY - 0.002
+
+
+@pytest.mark.parametrize("lead_s", [DELAY * 10, -1.0])
+def test_a_lead_stays_within_the_delay(lead_s: float) -> None:
+    launcher = staggered()
+    launcher.lead_s = lead_s  # longer than the delay: no backup before its predecessor
+    start(launcher)
+    expected = START if lead_s > 0 else START + DELAY  # a negative lead counts as none
+    assert launcher.wake_at() == expected
+    assert launcher.due(expected) == Launch(1, LaunchReason.BACKUP)
+
+
+def test_a_lead_leaves_parallel_and_replacements_alone() -> None:
+    launcher = Launcher(LaunchMode.PARALLEL, 2, DELAY, START)
+    launcher.lead_s = 0.002
+    assert launcher.wake_at() == math.inf
+    staggered_ = staggered(size=2)
+    staggered_.lead_s = 0.002
+    start(staggered_)
+    staggered_.on_report(False)  # a failure: its replacement is due at once, uncharged
+    assert staggered_.due(START) == Launch(1, LaunchReason.REPLACEMENT)
+
+
 # ---------------------------------------------------------------- failures, success
 
 

@@ -10,6 +10,11 @@ and failures. Nothing here sleeps, reads a clock or talks to Redis.
   expires with no success yet (a *backup*: it needs a budget token, and when the bucket
   is empty the timer is ignored), or at once, uncharged, when a launched member fails
   (a *replacement*: the set falls back to its floor).
+
+A backup's timer may run ``lead_s`` early: the runtime's own path from a timer's wake-up
+to the backup's send (its wake token, the budget's round trip: measured per process,
+coordinator.runtime.lead), so that the send lands on the hedge delay, not that much
+after it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ class Launcher:
         self.mode = mode
         self.size = size
         self.delay_s = delay_s
+        # The timer's lead (s): a backup is due this much before its delay expires. Set
+        # by the runtime; at most the delay (a backup never goes before its predecessor).
+        self.lead_s = 0.0
         self.launched = 0
         self.last_launch_s = start_s
         self.replacements = 0  # failures not yet answered by a replacement launch
@@ -100,7 +108,7 @@ class Launcher:
         return self._timer_s()
 
     def _timer_s(self) -> float:
-        return self.last_launch_s + self.delay_s
+        return self.last_launch_s + self.delay_s - min(max(self.lead_s, 0.0), self.delay_s)
 
     @property
     def pending(self) -> bool:

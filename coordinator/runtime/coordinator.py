@@ -49,6 +49,7 @@ from coordinator.runtime.group import (
     summaries,
     won_result,
 )
+from coordinator.runtime.lead import LaunchLead
 from coordinator.runtime.liveness import (
     LostRecorder,
     QueueWaits,
@@ -104,6 +105,7 @@ class Coordinator:
         self.lost = LostRecorder(store, settings, self.profile_settings, clock)
         # The planning read, the cached view, the co-failure evidence (runtime.viewing).
         self.views = Views(pool, store, settings, self.profile_settings, clock)
+        self.lead = LaunchLead.of(settings)  # how early a backup's timer runs
 
     def close(self) -> None:
         """Drop what is pending in this process: the deferred records of lost members
@@ -178,9 +180,11 @@ class Coordinator:
         v = judging.settle(g, v, self.store, self.clock, self.settings, evaluator)
         return judging.annotate(self._finish(g, v), g)
 
-    def _launch(self, g: Group, launch: Launch) -> None:
+    def _launch(self, g: Group, launch: Launch, timer_s: float = math.inf) -> None:
         prepared = self._prepare(g, launch)
         if prepared is not None:
+            if launch.charged:  # a backup: its path from its timer, the next lead's sample
+                self.lead.record(self.clock() - timer_s)
             self.dispatcher.send(*prepared)
 
     def _launch_initial(self, g: Group) -> None:
@@ -197,6 +201,7 @@ class Coordinator:
             # The rolling delay (a Redis read) only when a timer can use it, and after
             # rank 0's send: the backup's timer needs it, rank 0 does not wait for it.
             g.launcher.delay_s = self.delays.delay_s(g.role)
+            g.launcher.lead_s = self.lead.lead_s()
 
     def _prepare(self, g: Group, launch: Launch) -> tuple[str, MemberTask] | None:
         """Charge ``launch`` (a backup) to the budget and note it launched; its (zone,
@@ -250,7 +255,7 @@ class Coordinator:
         self._give_up(g, now)
         while (launch := g.launcher.due(now)) is not None:
             before = g.launcher.launched
-            self._launch(g, launch)
+            self._launch(g, launch, g.launcher.wake_at())
             if g.launcher.launched == before:
                 break  # the budget refused a backup: wait on what runs
         v = self._verdict(g)
