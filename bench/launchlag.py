@@ -1,21 +1,26 @@
-"""Where a staggered backup's launch lag goes, from its due time to its send.
+"""Where a staggered backup's launch lag goes, from its timer to its send.
 
     python -m bench.launchlag [--n 2000] [--json PATH]
 
 The tail bench (bench/rttail.py) reports the backup's lag as one number: rank 1's send
 after rank 0's, minus the hedge delay. This bench splits it, on the tail bench's role,
 backend and goal variant (rolling p95 delay, 5% budget), with sequential calls (the tail
-bench's ``--inflight 1``). For each call that launched a backup:
+bench's ``--inflight 1``). A backup is due at rank 0's launch (from its trace) plus the
+call's delay; its timer runs the process's lead earlier (coordinator.runtime.lead: the
+median of the paths below, once a few backups measured it). For each call that launched
+a backup:
 
-- **timer late**: the wake token's push began after the due time (rank 0's launch, from
-  its trace, plus the call's delay): the timer thread's wake-up;
+- **timer late**: the wake token's push began after the timer's time (the due time less
+  the lead): the timer thread's wake-up;
 - **to the caller**: the caller's pop came back with the token after the push began: the
   push's trip to Redis and the blocked pop's answer, through two thread wake-ups;
 - **to the spend**: the caller's tick, up to the budget's spend;
 - **spend**: the budget's round trip (``HedgeBudget.try_spend``);
 - **to the send**: the member's task built, up to its send.
 
-Their sum is the lag from the due time to the send's start. Redis is HACO_REDIS_URL, else
+Their sum is the path from the timer to the send's start; **due → send** is the send's
+lateness against the due time (the path less the lead: about zero with a lead that fits
+the path, the whole path without one). Redis is HACO_REDIS_URL, else
 embedded; one worker with ``--concurrency`` threads.
 """
 
@@ -98,11 +103,11 @@ class LagBudget(RedisBudget):
 
 
 def stages(
-    due_s: float, pushed_s: float, woke_s: float, spend: tuple[float, float], sent_s: float
+    timer_s: float, pushed_s: float, woke_s: float, spend: tuple[float, float], sent_s: float
 ) -> dict[str, float]:
-    """One backup's consecutive stages, s (they add up to ``sent_s − due_s``)."""
+    """One backup's consecutive stages, s (they add up to ``sent_s − timer_s``)."""
     return {
-        "timer_late": pushed_s - due_s,
+        "timer_late": pushed_s - timer_s,
         "to_caller": woke_s - pushed_s,
         "to_spend": spend[0] - woke_s,
         "spend": spend[1] - spend[0],
@@ -117,7 +122,7 @@ def run(svc: Services, n: int) -> dict[str, Any]:
     coord = client.coordinator
     coord.store = LagStore(client.redis, marks, lag)
     coord.budget = LagBudget(client.redis, coord.settings, lag)
-    rows: list[tuple[str, float, tuple[float, float]]] = []  # group, its delay, its spend
+    rows: list[tuple[str, float, float, tuple[float, float]]] = []  # group, delay, lead, spend
     try:
         wait_ready(client, "tail", svc)
         for _ in range(WARMUP):
@@ -126,30 +131,35 @@ def run(svc: Services, n: int) -> dict[str, Any]:
         for _ in range(n):
             marks.local.delay = float("nan")
             lag.spend = None
+            lead_s = coord.lead.lead_s()  # what this call's timer will run early by
             res = client.invoke("tail", "x", deadline_s=CALL_DEADLINE_S, **opts)
             if res.backups and lag.spend is not None:
-                rows.append((res.group_id, marks.local.delay, lag.spend))
+                rows.append((res.group_id, marks.local.delay, lead_s, lag.spend))
         time.sleep(0.3)  # the last traces reach the stream
     finally:
         client.close()
     traces = read_traces(svc.app_redis, since)
     parts: dict[str, list[float]] = {k: [] for k in STAGES}
     total: list[float] = []
-    for gid, delay_s, spend in rows:
+    leads: list[float] = []
+    for gid, delay_s, lead_s, spend in rows:
         first = [m for m in traces.get(gid, []) if m["rank"] == 0]
         if not first or gid not in lag.pushed or gid not in lag.woke or 1 not in marks.sent[gid]:
             continue  # its rank 0's trace is not in the stream, or no token came back
         m = first[0]
         due = m["finished_at_s"] - m["latency_s"] + delay_s  # rank 0's launch + delay
         sent = marks.sent[gid][1][0]
-        for k, v in stages(due, lag.pushed[gid], lag.woke[gid], spend, sent).items():
+        timer = due - min(lead_s, delay_s)  # as the launcher clamps it
+        for k, v in stages(timer, lag.pushed[gid], lag.woke[gid], spend, sent).items():
             parts[k].append(v)
         total.append(sent - due)
+        leads.append(lead_s)
     return {
         "calls": n,
         "backups": len(rows),
         "measured": len(total),
         "stages": {k: summary_ms(v) for k, v in parts.items()},
+        "lead": summary_ms(leads),
         "due_to_send": summary_ms(total),
         "settings": settings,
     }
@@ -157,12 +167,12 @@ def run(svc: Services, n: int) -> dict[str, Any]:
 
 def table(res: dict[str, Any]) -> Table:
     t = Table(
-        title="a backup's launch lag, from its due time to its send, ms",
+        title="a backup's launch, from its timer to its send, ms",
         caption=f"{res['measured']} backups of {res['calls']} sequential calls, {TAIL_VARIANT}",
     )
     for c in ("stage", "p50", "p90", "p99"):
         t.add_column(c, justify="left" if c == "stage" else "right")
-    rows = [*res["stages"].items(), ("due → send", res["due_to_send"])]
+    rows = [*res["stages"].items(), ("lead", res["lead"]), ("due → send", res["due_to_send"])]
     for name, s in rows:
         if not s:
             continue
