@@ -27,7 +27,6 @@ embedded; one worker with ``--concurrency`` threads.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from typing import Any
 import redis
 from rich.table import Table
 
-from bench.console import show
+from bench.console import emit
 from bench.hotpath_goals import TAIL_VARIANT
 from bench.rtbench import CALL_DEADLINE_S, wait_ready
 from bench.rtlib import (
@@ -200,12 +199,7 @@ def main(argv: list[str]) -> int:
     res["command"] = " ".join(["python -m bench.launchlag", *argv])
     res["machine"] = {**before, "loadavg_after": list(os.getloadavg())}
     res["redis"]["source"] = "HACO_REDIS_URL" if os.environ.get("HACO_REDIS_URL") else "embedded"
-    show(table(res))
-    text = json.dumps(res, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+    emit(res, table(res), args.json)
     return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import json
 import os
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from typing import Any, cast
 import redis
 from rich.table import Table
 
-from bench.console import show
+from bench.console import emit
 from bench.rtbench import _drain, load_calls, load_phase, tasks_done
 from bench.rtlib import Services, machine, server_info
 from coordinator.core.percentiles import median
@@ -231,12 +230,7 @@ def main(argv: list[str]) -> int:
     res["command"] = " ".join(["python -m bench.redistime", *argv])
     res["machine"] = {**before, "loadavg_after": list(os.getloadavg())}
     res["redis"]["source"] = "HACO_REDIS_URL" if os.environ.get("HACO_REDIS_URL") else "embedded"
-    show(table(res, args.top))
-    text = json.dumps(res, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+    emit(res, table(res, args.top), args.json)
     return 0
 
 
