@@ -30,7 +30,6 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,7 +67,6 @@ class LagMarks:
         self.pushed: dict[str, float] = {}
         self.woke: dict[str, float] = {}
         self.spend: tuple[float, float] | None = None
-        self.lock = threading.Lock()
 
 
 class LagStore(TimedStore):
@@ -134,7 +132,6 @@ def run(svc: Services, n: int) -> dict[str, Any]:
             res = client.invoke("tail", "x", deadline_s=CALL_DEADLINE_S, **opts)
             if res.backups and lag.spend is not None:
                 rows.append((res.group_id, marks.local.delay, lead_s, lag.spend))
-        time.sleep(0.3)  # the last traces reach the stream
     finally:
         client.close()
     traces = read_traces(svc.app_redis, since)
@@ -144,7 +141,7 @@ def run(svc: Services, n: int) -> dict[str, Any]:
     for gid, delay_s, lead_s, spend in rows:
         first = [m for m in traces.get(gid, []) if m["rank"] == 0]
         if not first or gid not in lag.pushed or gid not in lag.woke or 1 not in marks.sent[gid]:
-            continue  # its rank 0's trace is not in the stream, or no token came back
+            continue  # rank 0's trace not in the stream yet (the last call's), or no token
         m = first[0]
         due = m["finished_at_s"] - m["latency_s"] + delay_s  # rank 0's launch + delay
         sent = marks.sent[gid][1][0]

@@ -180,7 +180,8 @@ class Coordinator:
         v = judging.settle(g, v, self.store, self.clock, self.settings, evaluator)
         return judging.annotate(self._finish(g, v), g)
 
-    def _launch(self, g: Group, launch: Launch, timer_s: float = math.inf) -> None:
+    def _launch(self, g: Group, launch: Launch, timer_s: float) -> None:
+        """``timer_s``: when ``launch`` came due (a backup's path is measured from it)."""
         prepared = self._prepare(g, launch)
         if prepared is not None:
             if launch.charged:  # a backup: its path from its timer, the next lead's sample
