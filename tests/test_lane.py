@@ -439,6 +439,43 @@ def test_the_message_after_the_one_that_woke_the_lane_is_taken_with_it_while_a_t
     begun.close()
 
 
+def script_calls(broker: redis.Redis) -> int:
+    """Scripts the server has run so far (a take script is one)."""
+    stats = broker.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+@pytest.mark.parametrize("left_behind", [0, 1])
+def test_a_take_that_saw_the_queue_empty_sends_the_next_one_to_brpop_at_once(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts, left_behind: int
+) -> None:
+    starts.context().store.set_group_state("g-next", GroupSignal.OPEN, 60.0)
+    waiting = MemberLane(broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=4,
+                         poll_s=WAIT_S, starts=starts)  # fmt: skip
+    waiting._free.acquire()  # the fetcher's own, as its loop holds it
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = pool.submit(waiting._take)
+        wait_for("the lane's BRPOP", lambda: blocked_in_brpop(broker), WAIT_S)
+        payloads = [member_payload("g-next"), {"n": 2}, {"n": 3}][: 2 + left_behind]
+        ids = two_sent_at_once(broker, sender, payloads)
+        assert [d.task_id for d, _ in first.result(WAIT_S)] == ids[:2]
+        for _, begun in first.result():
+            if begun is not None:
+                begun.close()
+        before = script_calls(broker)
+        waiting._free.acquire()
+        second = pool.submit(waiting._take)
+        if left_behind:  # the message left in the queue is taken by the take script
+            assert [d.task_id for d, _ in second.result(WAIT_S)] == ids[2:]
+            assert script_calls(broker) == before + 1
+        else:  # nothing left: straight into BRPOP, no script run on the way
+            wait_for("the lane's BRPOP", lambda: blocked_in_brpop(broker), WAIT_S)
+            assert script_calls(broker) == before
+            (late,) = two_sent_at_once(broker, sender, [{"n": 4}])
+            assert [d.task_id for d, _ in second.result(WAIT_S)] == [late]
+    assert len(broker.hkeys(keys.UNACKED_HASH)) == 3  # each message taken is recorded
+
+
 def test_a_start_the_server_refuses_leaves_its_message_recorded_to_run_as_it_comes(
     broker: redis.Redis, sender: Celery, starts: NotedStarts, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -129,6 +129,10 @@ class MemberLane:
         self._lists = keys.priority_lists(queue)
         self._unacked = [keys.UNACKED_INDEX, keys.UNACKED_HASH]
         self._take_keys = [*self._lists, *self._unacked]  # lane_take.lua's KEYS
+        # The last take saw the queue empty (lane_start.lua's answer): the next one waits
+        # in BRPOP at once. A take script would find nothing, and its round trip would
+        # take the worker's and the server's CPU while the members just started run.
+        self._seen_empty = False
         self._free = threading.Semaphore(threads)
         self._stop = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
@@ -196,10 +200,12 @@ class MemberLane:
         for each one); the message it pops is then recorded, as kombu records it, in the
         round trip that makes the member's start (lane_start.lua) and, while another
         thread is free, takes the next message as lane_take.lua would: a group's members
-        sent together start together."""
-        got = self._take_script(self._take_keys, [repr(self.clock())])
-        if got is not None:
-            return self._taken(got)
+        sent together start together. When that round trip saw the queue empty, the next
+        take goes to BRPOP at once."""
+        if not self._seen_empty:
+            got = self._take_script(self._take_keys, [repr(self.clock())])
+            if got is not None:
+                return self._taken(got)
         got = self._lean.execute("BRPOP", *self._lists, self.poll_s)
         if not got:
             return []
@@ -282,6 +288,7 @@ class MemberLane:
             try:
                 if begun is None:
                     self._append(self._unacked, [repr(self.clock()), tag, entry])
+                    self._seen_empty = False  # not looked at: the next take tries the script
                     return True, None
                 names, args = start_call(begun.start)
                 reply = self._append_start(
@@ -290,6 +297,7 @@ class MemberLane:
                 )
                 begun.state, begun.started = started_of(reply)
                 begun.made = True
+                self._seen_empty = more and not int(reply[3])
                 return True, reply[2]
             except redis.RedisError as exc:
                 if begun is not None and isinstance(exc, redis.ResponseError):
