@@ -1,4 +1,5 @@
-"""The bare-Celery baseline of bench/runtime.py: one trivial task that LPUSHes a reply.
+"""The bare-Celery baseline of bench/runtime.py: one trivial task that LPUSHes a reply,
+and one that sleeps first (the tail bench's draws) and says when it started and ended.
 
 Same broker layout and worker settings as HACO's app (:func:`workers.app.create_app`):
 Redis broker in DB 1, threads pool, the same concurrency, prefetch multiplier 1, late
@@ -14,7 +15,9 @@ HACO itself: no group state, no profiles, no traces, no pydantic models, and (un
 from __future__ import annotations
 
 import argparse
+import json
 import threading
+import time
 from typing import Any
 
 import redis
@@ -26,6 +29,7 @@ from workers.app import quiet_task_logs
 
 QUEUE = "bench.bare"
 TASK = "bench.bare.echo"
+SLEEP_TASK = "bench.bare.sleep"
 
 _clients: dict[str, redis.Redis] = {}
 _lock = threading.Lock()
@@ -68,11 +72,24 @@ def create_bare_app(
     def echo(reply_key: str, token: str) -> None:
         reply_client(url).lpush(reply_key, token)
 
+    @app.task(name=SLEEP_TASK, ignore_result=True, acks_late=True)  # type: ignore[untyped-decorator]
+    def sleep(reply_key: str, token: str, sleep_s: float) -> None:
+        # Its own time as a member's trace has it (started, finished): what the caller's
+        # round trip has on top of it is the runtime's.
+        started = time.time()
+        time.sleep(sleep_s)
+        reply = json.dumps([token, started, time.time()])
+        reply_client(url).lpush(reply_key, reply)
+
     return app
 
 
 def send_echo(app: Celery, reply_key: str, token: str) -> Any:
     return app.send_task(TASK, args=[reply_key, token], queue=QUEUE)
+
+
+def send_sleep(app: Celery, reply_key: str, token: str, sleep_s: float) -> Any:
+    return app.send_task(SLEEP_TASK, args=[reply_key, token, sleep_s], queue=QUEUE)
 
 
 def main() -> None:

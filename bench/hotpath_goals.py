@@ -119,6 +119,8 @@ def ideal_at(curve: Sequence[Json], extra_load: float) -> float | None:
 
 
 TAIL_VARIANT = "staggered-p95-b5"  # the tail bench's variant the goal judges (bench/rttail.py)
+TAIL_BARE = "bare Celery"  # the tail bench's bare-Celery calls on the same draws
+TAIL_ONE = "none"  # its HACO calls of one member, no hedge: beside TAIL_BARE
 
 
 def tail_goals(res: Json, variant: str = TAIL_VARIANT) -> dict[str, Any]:
@@ -147,6 +149,31 @@ def tail_goals(res: Json, variant: str = TAIL_VARIANT) -> dict[str, Any]:
         "runtime_over_same_draws": _ratio(v["p99_ms"], same),
         "met": met,
     }
+
+
+def tail_call_cost(res: Json) -> dict[str, Any] | None:
+    """Beside the tail goal: the cost of one call in the tail's conditions, HACO's one
+    member with no hedge against bare Celery's task on the same draws: its round trip less
+    its member's (or task's) own time (``runtime_cost``), and less the backend's drawn
+    time (``beyond_draw``: a member's own time also holds its start's round trip and its
+    thread's hand-off). None: the run has no bare calls."""
+    v = res["variants"]
+    if TAIL_BARE not in v or TAIL_ONE not in v:
+        return None
+    out: dict[str, Any] = {}
+    for what in ("runtime_cost", "beyond_draw"):
+        haco, bare = v[TAIL_ONE].get(what), v[TAIL_BARE].get(what)
+        if haco is None or bare is None:
+            continue
+        out[what] = {
+            "haco_p50_ms": haco["p50_ms"],
+            "haco_p99_ms": haco["p99_ms"],
+            "bare_p50_ms": bare["p50_ms"],
+            "bare_p99_ms": bare["p99_ms"],
+            "p50_over_bare": _ratio(haco["p50_ms"], bare["p50_ms"]),
+            "p99_over_bare": _ratio(haco["p99_ms"], bare["p99_ms"]),
+        }
+    return out or None
 
 
 def ingest_goals(res: Json) -> dict[str, Any]:

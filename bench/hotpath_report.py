@@ -25,6 +25,7 @@ from bench.hotpath_goals import (
     GOALS,
     ingest_goals,
     overhead_goals,
+    tail_call_cost,
     tail_goals,
     throughput_goals,
     worker_cpu,
@@ -137,6 +138,20 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
                 f"{met(g['met'])} ({times(g['p99_over_ideal'])}{_interval(g)})",
             ]
         )
+        cost = (tail_call_cost(tail) or {}).get("beyond_draw")
+        if cost is not None:
+            rows.append(
+                [
+                    "… one call there (1 member, no hedge), its round trip less its "
+                    "backend's draw, p50 / p99 ms",
+                    f"**{num(cost['haco_p50_ms'])} / {num(cost['haco_p99_ms'])}**",
+                    "—",
+                    f"{num(cost['bare_p50_ms'])} / {num(cost['bare_p99_ms'])} "
+                    "(a task sleeping the same draws)",
+                    "beside the goal: the cost of a call on this machine between idle spells",
+                    f"{times(cost['p50_over_bare'])} · {times(cost['p99_over_bare'])} of bare",
+                ]
+            )
     return rows
 
 

@@ -1,5 +1,7 @@
 """Tail cut of bench/runtime.py: a 5 ms median / 200 ms p99 backend, no hedging vs
-always-two vs staggered-with-budget, against offline oracles.
+always-two vs staggered-with-budget, against offline oracles; and bare Celery running the
+same draws (a task that sleeps them), whose round trip less its task's own time is the
+runtime cost of a plain Celery call on this machine in the same conditions.
 
 The variants run interleaved, in chunks, so that a change of load on the machine hits
 them alike. The hedge budget is one fleet-wide bucket in Redis: each variant's bucket is
@@ -8,15 +10,18 @@ saved after its chunk and restored before its next one, so none draws on another
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from bench.hotpath_goals import TAIL_VARIANT
+from bench.bare_celery import create_bare_app, send_sleep
+from bench.hotpath_goals import TAIL_BARE, TAIL_VARIANT
 from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
 from bench.rtlib import Services, own_latency, read_traces, summary_ms, timed_client
 from coordinator.core.percentiles import interpolated
@@ -93,6 +98,9 @@ class Variant:
             if res.backups:  # the timer runs from rank 0's launch: how late did rank 1 go?
                 self.lags.append(sent[1][0] - sent[0][0] - marks.local.delay)
 
+    def close(self) -> None:
+        self.client.close()
+
     def chunk(self, n: int, inflight: int) -> None:
         r = self.svc.app_redis
         r.delete(keys.BUDGET)
@@ -107,11 +115,26 @@ class Variant:
         delays = self.marks.delays
         staggered = self.opts.get("launch_mode") == "staggered"
         same = same_draws(self.calls, self.lat, traces, staggered)
+        drawn = {
+            m["member_id"]: float(m["proc_latency_s"])
+            for ms in traces.values()
+            for m in ms
+            if m.get("proc_latency_s") is not None
+        }
+        beyond = [
+            lat - drawn[w]
+            for lat, w, n in zip(self.lat, self.winners, self.launched, strict=True)
+            if n == 1 and w in drawn
+        ]
         return {
             **summary_ms(self.lat),
             "p99_ms_ci90": p99_interval(self.lat),
             "same_draws": summary_ms(same),  # no runtime cost: the policy alone
             "runtime_cost": summary_ms([a - b for a, b in zip(self.lat, same, strict=True)]),
+            # Calls of one member: the round trip less the backend's drawn time (the trace's
+            # proc_latency_s), which the member's own latency also holds its start's
+            # round trip and its thread's hand-off in, and a sleep's late wake-up.
+            "beyond_draw": summary_ms(beyond) if beyond else None,
             # launched beyond one per call, over the calls: (420 − 400) / 400 is 0.05, where
             # 420 / 400 − 1 is 0.05000000000000004, above a 5% goal
             "extra_load": (sum(self.launched) - len(self.lat)) / max(1, len(self.lat)),
@@ -121,6 +144,60 @@ class Variant:
             "delay_ms_p50": interpolated(delays, 50)[0] * 1e3 if delays else None,
             "backup_lag_ms_p50": interpolated(self.lags, 50)[0] * 1e3 if self.lags else None,
             "backup_lag_ms_p99": interpolated(self.lags, 99)[0] * 1e3 if self.lags else None,
+        }
+
+
+class BareVariant:
+    """Bare Celery's calls in the tail's conditions: a task sleeping a draw of the same
+    backend, one call after another. Between calls that idle the machine for milliseconds
+    a round trip costs more than in the back-to-back overhead bench (every process wakes
+    from idle): this is that cost for a plain Celery call, beside HACO's ``none``."""
+
+    def __init__(self, svc: Services, seed: int = 1) -> None:
+        self.app = create_bare_app(svc.url, svc.concurrency)
+        self.r = svc.app_redis
+        self.rng = np.random.default_rng(seed)
+        self.lat: list[float] = []
+        self.own: list[float] = []
+        self.drawn: list[float] = []  # each call's draw: the time its task sleeps
+        self.lock = threading.Lock()
+
+    def one(self, i: int) -> None:
+        with self.lock:  # one generator, drawn in turn
+            sleep_s = float(MEDIAN_S * math.exp(SIGMA * self.rng.standard_normal()))
+        key = f"bench:bare:tail:{uuid.uuid4().hex}"
+        t0 = time.time()
+        send_sleep(self.app, key, str(i), sleep_s)
+        got = self.r.brpop([key], timeout=CALL_DEADLINE_S)
+        t1 = time.time()
+        if got is None:
+            raise RuntimeError(f"bare worker silent for {CALL_DEADLINE_S} s")
+        _, started, finished = json.loads(got[1])
+        with self.lock:
+            self.lat.append(t1 - t0)
+            self.own.append(float(finished) - float(started))
+            self.drawn.append(sleep_s)
+
+    def chunk(self, n: int, inflight: int) -> None:
+        run_parallel(n, inflight, self.one)
+
+    def close(self) -> None:
+        self.app.close()
+
+    def summary(self, traces: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        return {
+            **summary_ms(self.lat),
+            "p99_ms_ci90": p99_interval(self.lat),
+            "same_draws": summary_ms(self.own),
+            "runtime_cost": summary_ms([a - b for a, b in zip(self.lat, self.own, strict=True)]),
+            "beyond_draw": summary_ms([a - b for a, b in zip(self.lat, self.drawn, strict=True)]),
+            "extra_load": 0.0,
+            "backups": 0,
+            "settings": {},
+            "winner_backend": summary_ms(self.own),
+            "delay_ms_p50": None,
+            "backup_lag_ms_p50": None,
+            "backup_lag_ms_p99": None,
         }
 
 
@@ -179,6 +256,7 @@ def oracle(n: int = 400_000, seed: int = 0) -> dict[str, Any]:
 
 def tail(svc: Services, n: int, inflight: int, goal_n: int = GOAL_N) -> dict[str, Any]:
     svc.start_haco()
+    svc.start_bare()
     warm, _ = timed_client(svc.url)
 
     def fill(i: int) -> None:
@@ -190,7 +268,19 @@ def tail(svc: Services, n: int, inflight: int, goal_n: int = GOAL_N) -> dict[str
     finally:
         warm.close()
     since = int(time.time() * 1000)
-    runs = {name: Variant(svc, opts, settings) for name, (opts, settings) in VARIANTS.items()}
+    bare = BareVariant(svc)
+    try:
+        for i in range(20):  # warm: the bare worker up and its first calls made
+            bare.one(i)
+    except RuntimeError as exc:
+        bare.close()
+        raise RuntimeError(f"{exc}\n{svc.log_tail('bare')}") from exc
+    for warm_calls in (bare.lat, bare.own, bare.drawn):
+        warm_calls.clear()
+    runs: dict[str, Variant | BareVariant] = {
+        name: Variant(svc, opts, settings) for name, (opts, settings) in VARIANTS.items()
+    }
+    runs[TAIL_BARE] = bare
     rounds = max(1, math.ceil(n / CHUNK))
     sizes = {name: (goal_n if name == TAIL_VARIANT else n) for name in runs}
     try:
@@ -201,7 +291,7 @@ def tail(svc: Services, n: int, inflight: int, goal_n: int = GOAL_N) -> dict[str
         time.sleep(1.0)  # losers of the last chunk report
     finally:
         for v in runs.values():
-            v.client.close()
+            v.close()
     traces = read_traces(svc.app_redis, since)
     variants = {name: v.summary(traces) for name, v in runs.items()}
     orc = oracle()

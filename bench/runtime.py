@@ -165,6 +165,13 @@ def run_tail(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
         f"{_f(g['same_draws_p99_ms'], 1)} ms: policy {_f(g['same_draws_over_ideal'])}× the "
         f"ideal, runtime {_f(g['runtime_over_same_draws'])}× that"
     )
+    for what, c in (hotpath_goals.tail_call_cost(res) or {}).items():
+        less = {"runtime_cost": "its member's or task's own time", "beyond_draw": "its draw"}
+        err.print(
+            f"one call's round trip less {less[what]}, p50 / p99: HACO, one member "
+            f"{_f(c['haco_p50_ms'])} / {_f(c['haco_p99_ms'])} ms; bare Celery "
+            f"{_f(c['bare_p50_ms'])} / {_f(c['bare_p99_ms'])} ms"
+        )
     t = Table(
         title=f"tail cut: backend 5 ms median / 200 ms p99 (n={n} per variant, "
         f"{args.goal_n} of {hotpath_goals.TAIL_VARIANT}, interleaved, "

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from bench.hotpath_goals import ideal_at, overhead_goals, tail_goals, throughput_goals
+from bench.hotpath_goals import (
+    ideal_at,
+    overhead_goals,
+    tail_call_cost,
+    tail_goals,
+    throughput_goals,
+)
 from bench.hotpath_report import BEGIN, END, INPUTS, main
 from bench.rttail import p99_interval, same_draws
 
@@ -235,6 +241,30 @@ def test_two_members_in_two_zones_are_shown_beside_the_goal_not_judged(tmp_path:
     main(_write(tmp_path, zones))
     row = _row(_block(doc.read_text(encoding="utf-8")), "… the 2 members in two zones")
     assert "1.50 / 3.60" in row and "1.50× · 1.20× of 1 member" in row
+    assert "met" not in row
+
+
+def test_one_tail_call_beside_bare_celery_is_shown_beside_the_goal_not_judged(
+    tmp_path: Path,
+) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, RUNTIME))  # no bare calls in the tail: no row
+    assert "one call there" not in _block(doc.read_text(encoding="utf-8"))
+    res = copy.deepcopy(RUNTIME)
+    variants = res["results"]["tail"]["variants"]
+    variants["none"] = {"runtime_cost": _pct(1.8, 3.7), "beyond_draw": _pct(2.6, 4.8)}
+    variants["bare Celery"] = {"runtime_cost": _pct(2.0, 3.4), "beyond_draw": _pct(2.0, 4.0)}
+    cost = tail_call_cost(res["results"]["tail"])
+    assert cost is not None
+    assert cost["beyond_draw"]["p50_over_bare"] == pytest.approx(1.3)
+    assert cost["runtime_cost"]["p50_over_bare"] == pytest.approx(0.9)
+    before = tail_goals(RUNTIME["results"]["tail"])
+    assert tail_goals(res["results"]["tail"]) == before  # the goal's verdict unchanged
+    main(_write(tmp_path, res))
+    row = _row(_block(doc.read_text(encoding="utf-8")), "… one call there")
+    assert "2.60 / 4.80" in row and "2.00 / 4.00" in row
+    assert "1.30× · 1.20× of bare" in row
     assert "met" not in row
 
 
