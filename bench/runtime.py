@@ -89,6 +89,8 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
         row(f"HACO {name}: group latency (caller)", r["group_e2e"])
         row(f"HACO {name}: overhead = group − fastest member", r["overhead"])
         row(f"HACO {name}: overhead, coordinator's latency_s", r["overhead_coordinator"])
+        if r.get("beyond_draw"):
+            row(f"HACO {name}: group − fastest backend draw", r["beyond_draw"])
     show(t)
     b = Table(title="where the overhead goes (fastest member), ms p50 / p99")
     b.add_column("stage")

@@ -244,6 +244,24 @@ def test_two_members_in_two_zones_are_shown_beside_the_goal_not_judged(tmp_path:
     assert "met" not in row
 
 
+def test_one_members_latency_less_its_draw_is_shown_beside_the_goal_not_judged(
+    tmp_path: Path,
+) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, RUNTIME))
+    assert "less the backend's draw alone" not in _block(doc.read_text(encoding="utf-8"))
+    res = copy.deepcopy(RUNTIME)
+    res["results"]["overhead"]["haco_1"]["beyond_draw"] = _pct(1.8, 3.6)
+    assert overhead_goals(res["results"]["overhead"]) == overhead_goals(
+        RUNTIME["results"]["overhead"]
+    )  # the goal's verdict unchanged
+    main(_write(tmp_path, res))
+    row = _row(_block(doc.read_text(encoding="utf-8")), "… 1 member, its group's latency")
+    assert "1.80 / 3.60" in row and "0.90× · 0.90× of bare" in row
+    assert "met" not in row
+
+
 def test_one_tail_call_beside_bare_celery_is_shown_beside_the_goal_not_judged(
     tmp_path: Path,
 ) -> None:
