@@ -188,7 +188,7 @@ class RedisCancelWatcher(CancelWatcher):
                 self._stop.wait(self.retry_s)
 
     def _listen(self) -> None:
-        pubsub = self._sub.pubsub()  # type: ignore[no-untyped-call]
+        pubsub = self._sub.pubsub()  # type: ignore[no-untyped-call, unused-ignore]  # typed since redis 8.2
         try:
             pubsub.subscribe(keys.CANCELLED)
             while not self._stop.is_set():
