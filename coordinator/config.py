@@ -271,7 +271,7 @@ class HacoSettings(BaseSettings):
     # and remote control; lane members send no task events, so with task_events on the
     # lane is not used. False: members go through Celery's consumer.
     member_lane: bool = True
-    # The lane's fetcher blocks this long per BRPOP: how long a stop waits for it.
+    # The lane's leading thread blocks this long per BRPOP: how long a stop waits for it.
     member_lane_poll_s: Annotated[float, Field(gt=0.0, le=60.0, allow_inf_nan=False)] = 1.0
     # Celery's two INFO lines per task in a worker's log ("received", "succeeded in").
     # Off by default: every member is a trace already (the trace stream, then

@@ -266,7 +266,7 @@ def test_lane_settings_are_checked(broker: redis.Redis) -> None:
         MemberLane(broker, QUEUE, runs, task_name="t", threads=1, poll_s=0)
 
 
-def test_the_fetcher_outlives_a_broker_that_fails_and_stops_cleanly(
+def test_the_lane_outlives_a_broker_that_fails_and_stops_cleanly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     broker = redis.Redis.from_url(UNREACHABLE_REDIS_URL)
@@ -277,10 +277,10 @@ def test_the_fetcher_outlives_a_broker_that_fails_and_stops_cleanly(
         try:
             failed = lambda: sum("fetch failed" in r.getMessage() for r in caplog.records)  # noqa: E731
             wait_for("two failed fetches, each logged and retried", lambda: failed() >= 2, WAIT_S)
-            assert lane_._fetcher is not None and lane_._fetcher.is_alive()
+            assert [t.is_alive() for t in lane_._threads] == [True]
         finally:
             lane_.stop(timeout_s=WAIT_S)
-    assert not lane_._fetcher.is_alive() and runs.payloads == []
+    assert not any(t.is_alive() for t in lane_._threads) and runs.payloads == []
 
 
 # ---------------------------------------------------------------- the start in the record
@@ -421,7 +421,7 @@ def test_the_message_after_the_one_that_woke_the_lane_is_taken_with_it_while_a_t
     starts.context().store.set_group_state("g-two", GroupSignal.OPEN, 60.0)
     waiting = MemberLane(broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=2,
                          poll_s=WAIT_S, starts=starts)  # fmt: skip
-    waiting._free.acquire()  # the fetcher's own, as its loop holds it
+    waiting._free.acquire()  # the leading thread's own, as its _next holds it
     if threads_free == 1:
         waiting._free.acquire()  # the other thread is busy
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -452,7 +452,7 @@ def test_a_take_that_saw_the_queue_empty_sends_the_next_one_to_brpop_at_once(
     starts.context().store.set_group_state("g-next", GroupSignal.OPEN, 60.0)
     waiting = MemberLane(broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=4,
                          poll_s=WAIT_S, starts=starts)  # fmt: skip
-    waiting._free.acquire()  # the fetcher's own, as its loop holds it
+    waiting._free.acquire()  # the leading thread's own, as its _next holds it
     with ThreadPoolExecutor(max_workers=1) as pool:
         first = pool.submit(waiting._take)
         wait_for("the lane's BRPOP", lambda: blocked_in_brpop(broker), WAIT_S)
@@ -476,6 +476,23 @@ def test_a_take_that_saw_the_queue_empty_sends_the_next_one_to_brpop_at_once(
     assert len(broker.hkeys(keys.UNACKED_HASH)) == 3  # each message taken is recorded
 
 
+def test_a_cold_shutdown_leaves_what_was_taken_along_unacked_and_not_run(
+    broker: redis.Redis, sender: Celery, starts: NotedStarts
+) -> None:
+    starts.context().store.set_group_state("g-cold", GroupSignal.OPEN, 60.0)
+    delivery, begun = take_while_waiting(broker, sender, starts, member_payload("g-cold"))
+    assert starts.watcher.running_groups() == ["g-cold"]
+    lane_ = MemberLane(broker, QUEUE, Runs(), task_name=keys.MEMBER_TASK, threads=2,
+                       poll_s=0.05, starts=starts)  # fmt: skip
+    lane_._free.acquire()  # the permit a take reserves for what it hands on
+    lane_._handed.append((delivery, begun))
+    lane_.terminate()
+    assert lane_._next() is None  # not run
+    assert not lane_._handed and starts.watcher.running_groups() == []  # its watch released
+    assert lane_._free.acquire(blocking=False) and lane_._free.acquire(blocking=False)
+    assert unacked(broker) == ({delivery.tag.encode()}, {delivery.tag.encode()})
+
+
 def test_a_start_the_server_refuses_leaves_its_message_recorded_to_run_as_it_comes(
     broker: redis.Redis, sender: Celery, starts: NotedStarts, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -495,9 +512,18 @@ class RecordedStarts(NotedStarts):
     def __init__(self, store: RedisStore, watcher: CancelWatcher) -> None:
         super().__init__(store, watcher)
         self.ran: dict[str, bool] = {}
+        self.begun_on: dict[str, str] = {}  # member → the thread its start was prepared on
+        self.ran_on: dict[str, str] = {}  # member → the thread it ran on
+
+    def begin(self, body: bytes) -> Beginning | None:
+        b = super().begin(body)
+        if b is not None:
+            self.begun_on[b.task.member_id] = threading.current_thread().name
+        return b
 
     def run(self, b: Beginning, ack: BrokerAck) -> None:
         self.ran[b.task.member_id] = b.made
+        self.ran_on[b.task.member_id] = threading.current_thread().name
         b.close()
 
 
@@ -523,3 +549,6 @@ def test_the_member_taken_with_the_one_that_woke_the_lane_is_begun_in_its_own_th
     assert recorded.ran == {"g-a.0": True, "g-b.0": False}
     assert runs.payloads == []
     assert starts.watcher.running_groups() == []
+    # The thread that took the first runs it (no hand-off); the second runs on another.
+    assert recorded.ran_on["g-a.0"] == recorded.begun_on["g-a.0"]
+    assert recorded.ran_on["g-b.0"] == recorded.begun_on["g-b.0"] != recorded.ran_on["g-a.0"]

@@ -7,9 +7,11 @@ twice, a request object, the pool's hand-off, the tracer's signals and state, ko
 ack. The lane reads the same queue, the same messages (ordinary Celery tasks, which any
 Celery worker also runs), and does only what a member needs:
 
-- **One fetcher thread** takes the queue's messages in kombu's priority order, and only
-  while one of the lane's threads is free: nothing waits in this process that another
-  worker could run (Celery's ``worker_prefetch_multiplier`` 1, per thread).
+- **Its free threads take turns at the queue** (leader and followers): the one that
+  leads takes the queue's next message in kombu's priority order, hands the lead to the
+  next free thread and runs the member itself, with no hand-off to another thread in
+  between. A thread takes only while it is free: nothing waits in this process that
+  another worker could run (Celery's ``worker_prefetch_multiplier`` 1, per thread).
 - **kombu's ack emulation, kept.** Each message is recorded in kombu's unacked index and
   hash as kombu's own ``QoS.append`` records it (the same keys, entry and delivery time:
   :mod:`coordinator.state.kombu_redis`), so if this process dies the message goes back
@@ -42,8 +44,8 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import redis
@@ -133,60 +135,81 @@ class MemberLane:
         # in BRPOP at once. A take script would find nothing, and its round trip would
         # take the worker's and the server's CPU while the members just started run.
         self._seen_empty = False
-        self._free = threading.Semaphore(threads)
+        self._free = threading.Semaphore(threads)  # a permit for each thread not running
+        self._lead = threading.Lock()  # held by the one thread that takes (the leader)
+        self._handed: deque[Taken] = deque()  # taken along, for the next free thread
         self._stop = threading.Event()
-        self._pool: ThreadPoolExecutor | None = None
-        self._fetcher: threading.Thread | None = None
+        self._terminated = False
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="haco-lane")
-        self._fetcher = threading.Thread(target=self._fetch_loop, name="haco-lane-fetch")
-        self._fetcher.daemon = True
-        self._fetcher.start()
+        for i in range(self.threads):
+            t = threading.Thread(target=self._loop, name=f"haco-lane-{i}", daemon=True)
+            self._threads.append(t)
+            t.start()
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """No more fetches; waits for the fetcher (up to a poll) and the members in flight."""
+        """No more takes; waits for the members in flight (and those taken along with
+        them) to finish, and for a thread waiting in BRPOP up to a poll (each thread up to
+        ``timeout_s``, if given)."""
         self._stop.set()
-        if self._fetcher is not None:
-            self._fetcher.join(timeout_s)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        for t in self._threads:
+            t.join(timeout_s)
 
     def terminate(self) -> None:
-        """No more fetches, without waiting for the members in flight (a cold shutdown):
-        their messages stay unacked and go back to the queue after the visibility
-        timeout."""
+        """No more takes, without waiting for the members in flight (a cold shutdown):
+        their messages, and those taken along and not begun, stay unacked and go back to
+        the queue after the visibility timeout."""
+        self._terminated = True
         self._stop.set()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
 
-    def _fetch_loop(self) -> None:
-        while not self._stop.is_set():
-            if not self._free.acquire(timeout=self.poll_s):
-                continue  # every thread busy: look at the stop flag again
+    # Leader and followers: the free threads take turns at the queue. The one holding the
+    # lead takes the next message, hands the lead on, and runs what it took itself: no
+    # hand-off to another thread (a wake-up and a GIL switch) between a member's start
+    # and its run, and the next take's Python waits for the GIL behind that run, not the
+    # run behind the take. A message taken along with it goes to the next free thread.
+    def _loop(self) -> None:
+        while True:
+            got = self._next()
+            if got is not None:
+                self._run(*got)
+            elif self._stop.is_set() and not self._handed:
+                return
+
+    def _next(self) -> Taken | None:
+        """What this free thread runs next: a message taken along by the last take, else
+        the next message it takes as the leader; None: none within a poll, or stopping."""
+        if not self._lead.acquire(timeout=self.poll_s):
+            return None  # another thread leads: look at the stop flag again
+        try:
+            if self._terminated:
+                self._drop_handed()
+                return None
+            if self._handed:
+                return self._handed.popleft()  # its thread's permit was taken with it
+            if self._stop.is_set() or not self._free.acquire(timeout=self.poll_s):
+                return None
             try:
                 taken = self._take()
-            except Exception as exc:  # the fetcher must outlive any one failure
+            except Exception as exc:  # the lane must outlive any one failure
                 taken = []
                 log.warning("member lane: fetch failed (%s); again in %.1f s", exc, self.poll_s)
                 self._stop.wait(self.poll_s)
             if not taken:
                 self._free.release()
-                continue
-            for i, (delivery, begun) in enumerate(taken):  # a thread held for each
-                try:
-                    self._pool_or_fail().submit(self._run, delivery, begun)
-                except RuntimeError:  # terminated meanwhile: unacked, restored later
-                    for _, left in taken[i:]:
-                        if left is not None:
-                            left.close()
-                    self._free.release(len(taken) - i)
-                    return
+                return None
+            self._handed.extend(taken[1:])
+            return taken[0]
+        finally:
+            self._lead.release()
 
-    def _pool_or_fail(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            raise RuntimeError("the lane is not started")
-        return self._pool
+    def _drop_handed(self) -> None:
+        """A cold shutdown: what was taken along and not begun stays unacked."""
+        while self._handed:
+            _, begun = self._handed.popleft()
+            if begun is not None:
+                begun.close()
+            self._free.release()
 
     def _take(self) -> list[Taken]:
         """The next messages, each recorded in kombu's unacked index and hash, with the

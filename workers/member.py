@@ -186,7 +186,8 @@ MEMBER_BODY = TypeAdapter(tuple[tuple[MemberTask], dict[str, Any], dict[str, Any
 
 class LaneStarts:
     """The member lane's starts (workers.lane.Starts): a member that wakes an idle worker
-    is validated in the fetcher and starts in the round trip that records its message."""
+    is validated by the thread that takes it and starts in the round trip that records
+    its message."""
 
     def __init__(self, context: Callable[[], MemberContext]) -> None:
         self.context = context
