@@ -182,6 +182,26 @@ def test_reclaims_what_a_dead_consumer_left_pending(
     assert any("trimmed" in rec.getMessage() for rec in caplog.records)
 
 
+def test_the_stream_keeps_only_unacknowledged_entries_while_an_older_one_is_pending(
+    r: redis.Redis, pool: ConnectionPool, db: str
+) -> None:
+    s = settings(harvest_batch=10)
+    h = Harvester(r, pool, s, "h")
+    h.run_once()  # creates the group
+    held = push(r, [report_json(i) for i in range(5)])
+    got = r.xreadgroup(s.harvest_group, "other", {keys.TRACES: ">"}, count=5)
+    assert [i.decode() for i, _ in got[0][1]] == held  # another harvester's batch, in flight
+    push(r, [report_json(i) for i in range(5, 25)])
+    assert h.run_once() + h.run_once() == 20
+    # Acknowledged after an entry still pending: out one by one, not left behind.
+    assert [i.decode() for i, _ in r.xrange(keys.TRACES)] == held
+    r.xack(keys.TRACES, s.harvest_group, *held)
+    push(r, [report_json(i) for i in range(25, 28)])
+    assert h.run_once() == 3
+    assert r.xlen(keys.TRACES) == 0  # the later batch's trim takes what was acked before it
+    assert scalar(db, "SELECT count(*) FROM members") == 23
+
+
 def test_lag_metrics_and_the_buffer_alarm(
     r: redis.Redis, pool: ConnectionPool, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -15,7 +15,7 @@ import pytest
 import redis
 from polling import wait_for
 
-from bench import leancall
+from bench import idlewake, leancall
 from coordinator.state.lean import LeanRedis, close_lean, lean_for
 
 SCRIPT = "redis.call('SET', KEYS[1], ARGV[1]); return {redis.call('GET', KEYS[1]), #ARGV}"
@@ -64,6 +64,51 @@ def test_a_killed_connection_is_replaced_without_an_error(redis_db: redis.Redis)
     assert lean.execute("SET", "k", "after") == b"OK"  # through the client, retried
     assert redis_db.get("k") == b"after"
     assert _id(lean) != first  # the dead connection was dropped, a new one made
+    lean.close()
+
+
+def test_a_transaction_is_one_multi_exec_with_redis_pys_raw_replies(
+    redis_db: redis.Redis,
+) -> None:
+    lean = LeanRedis(redis_db)
+    commands = [("SET", "t", 1), ("INCRBY", "t", 2), ("GET", "t"), ("RPUSH", "l", b"a", "b")]
+    got = lean.transaction(*commands)
+    redis_db.delete("t", "l")
+    pipe = redis.Redis(connection_pool=redis_db.connection_pool).pipeline(transaction=True)
+    pipe.response_callbacks = {}  # raw, as the lean path reads them
+    for c in commands:
+        pipe.execute_command(*c)
+    assert got == pipe.execute() == [b"OK", 3, b"3", 2]
+    lean.close()
+
+
+def test_a_failed_command_in_a_transaction_raises_after_the_rest_applied(
+    redis_db: redis.Redis,
+) -> None:
+    lean = LeanRedis(redis_db)
+    before = _id(lean)
+    redis_db.set("text", "x")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        lean.transaction(("SET", "a", 1), ("LPUSH", "text", "y"), ("SET", "b", 2))
+    assert redis_db.mget("a", "b") == [b"1", b"2"]  # EXEC runs all, as Redis does
+    assert _id(lean) == before  # every reply read: the connection is reused
+    with pytest.raises(redis.ResponseError, match="wrong number of arguments"):
+        lean.transaction(("SET", "c", 1), ("GET",))  # refused when queued: nothing runs
+    assert redis_db.get("c") is None
+    assert lean.execute("PING") == b"PONG"
+    lean.close()
+
+
+def test_a_transaction_on_a_killed_connection_is_run_again_through_the_client(
+    redis_db: redis.Redis,
+) -> None:
+    lean = LeanRedis(redis_db)
+    first = _id(lean)
+    redis_db.client_kill_filter(_id=str(first))
+    assert lean.transaction(("SET", "k", "after"), ("GET", "k")) == [b"OK", b"after"]
+    assert _id(lean) != first
+    closed = LeanRedis(redis_db, max_connections=0)  # none of its own: the client's pipeline
+    assert closed.transaction(("INCR", "n"), ("INCR", "n")) == [1, 2]
     lean.close()
 
 
@@ -129,3 +174,14 @@ def test_the_call_bench_measures_both_paths(redis_url: str) -> None:
     }  # fmt: skip
     assert all(v > 0 for v in res["cpu_us_per_call"].values())
     assert set(res["lean_over_redis_py"]) == {"ping", "script"}
+
+
+def test_the_idle_wake_bench_times_each_pause_beside_back_to_back(redis_url: str) -> None:
+    res = idlewake.run(redis_url, n=5, rounds=2)
+    assert [c["pause_ms"] for c in res["cases"].values()] == list(idlewake.PAUSES_MS)
+    back_to_back = res["cases"]["0"]
+    assert back_to_back["p50_over_back_to_back"] == 1.0
+    for case in res["cases"].values():
+        q = case["rtt_ms"]
+        assert 0 < q["p50"] <= q["p90"] <= q["p99"]
+        assert case["p50_over_back_to_back"] > 0

@@ -77,6 +77,7 @@ class LeanRedis:
         # applies no response callbacks, so either path gives the same raw reply.
         via = redis.Redis(connection_pool=client.connection_pool)
         via.response_callbacks = CaseInsensitiveDict({})
+        self._via = via
         self._via_client: Callable[..., Any] = via.execute_command
         self.max_connections = max_connections
         pool = client.connection_pool
@@ -109,6 +110,32 @@ class LeanRedis:
             raise
         self._give_back(conn)
         return reply
+
+    def transaction(self, *commands: Sequence[Arg]) -> list[Any]:
+        """MULTI, ``commands``, EXEC in one write: EXEC's raw replies, the first error
+        among them raised (as redis-py's transaction pipeline raises it). Through the
+        client's own pipeline when no connection is free, and to retry (its policy)."""
+        conn = self._take() if _pack is not None else None
+        if conn is None or _pack is None:
+            return self._via_transaction(commands)
+        packed = [_pack(("MULTI",)), *(_pack(tuple(c)) for c in commands), _pack(("EXEC",))]
+        try:
+            conn.send_packed_command(packed)
+            replies = [conn.read_response() for _ in packed]  # OK, QUEUED…, EXEC's
+        except (redis.ConnectionError, redis.TimeoutError):
+            self._drop(conn, all_idle=True)
+            return self._via_transaction(commands)
+        except BaseException:  # a command refused when queued: the replies after it unread
+            self._drop(conn)
+            raise
+        self._give_back(conn)
+        return _raise_first_error(replies[-1])
+
+    def _via_transaction(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        pipe: Any = self._via.pipeline(transaction=True)  # its execute_command is untyped
+        for c in commands:
+            pipe.execute_command(*c)
+        return list(pipe.execute())
 
     def script(self, text: str) -> LeanScript:
         return LeanScript(self, text)
@@ -158,6 +185,15 @@ class LeanRedis:
                 self._idle = deque()
                 self._count = 0
                 self._pid = os.getpid()
+
+
+def _raise_first_error(replies: Any) -> list[Any]:
+    if replies is None:  # the server aborted the transaction (EXEC's null reply)
+        raise redis.exceptions.ExecAbortError("the transaction was aborted")
+    for reply in replies:
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+    return list(replies)
 
 
 class LeanScript:
