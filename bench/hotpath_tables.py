@@ -266,7 +266,7 @@ def machine_section(inputs: Mapping[str, tuple[str, Json | None, str | None]]) -
     rows = []
     for label, (path, data, given) in inputs.items():
         if data is None:
-            rows.append([label, f"`{path}` missing", *("—",) * 5])
+            rows.append([label, f"`{path}` missing", *("—",) * 6])
             continue
         command = given
         if command is None:
@@ -275,6 +275,7 @@ def machine_section(inputs: Mapping[str, tuple[str, Json | None, str | None]]) -
         redis = data.get("redis") or {}
         load = " ".join(f"{x:.2f}" for x in m.get("loadavg", []))
         after = " ".join(f"{x:.2f}" for x in m.get("loadavg_after", []))
+        speed = [m.get(k) for k in ("python_loop_ms", "python_loop_ms_after")]
         rows.append(
             [
                 label,
@@ -284,6 +285,7 @@ def machine_section(inputs: Mapping[str, tuple[str, Json | None, str | None]]) -
                 str(m.get("python") or "—"),
                 f"{redis['version']} ({redis.get('source', '?')})" if "version" in redis else "—",
                 f"{load} → {after}" if load else "—",
+                " → ".join(f"{x:.0f}" for x in speed if x is not None) or "—",
             ]
         )
     header = [
@@ -294,5 +296,6 @@ def machine_section(inputs: Mapping[str, tuple[str, Json | None, str | None]]) -
         "python",
         "Redis",
         "load avg 1/5/15 before → after",
+        "Python loop ms before → after",
     ]
     return table(header, rows)

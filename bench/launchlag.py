@@ -44,6 +44,7 @@ from bench.rtlib import (
     Marks,
     Services,
     TimedStore,
+    after,
     machine,
     read_traces,
     server_info,
@@ -194,7 +195,7 @@ def main(argv: list[str]) -> int:
         finally:
             svc.close()
     res["command"] = " ".join(["python -m bench.launchlag", *argv])
-    res["machine"] = {**before, "loadavg_after": list(os.getloadavg())}
+    res["machine"] = after(before)
     res["redis"]["source"] = "HACO_REDIS_URL" if os.environ.get("HACO_REDIS_URL") else "embedded"
     emit(res, table(res), args.json)
     return 0

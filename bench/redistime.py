@@ -33,7 +33,7 @@ from rich.table import Table
 
 from bench.console import emit
 from bench.rtbench import _drain, load_calls, load_phase, tasks_done
-from bench.rtlib import Services, machine, server_info
+from bench.rtlib import Services, after, machine, server_info
 from coordinator.core.percentiles import median
 from coordinator.state.budget import earn_script, spend_script
 from coordinator.state.kombu_redis import ACK_SCRIPT, APPEND_SCRIPT
@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="haco-bench-") as tmp:
         res = run(args, Path(tmp))
     res["command"] = " ".join(["python -m bench.redistime", *argv])
-    res["machine"] = {**before, "loadavg_after": list(os.getloadavg())}
+    res["machine"] = after(before)
     res["redis"]["source"] = "HACO_REDIS_URL" if os.environ.get("HACO_REDIS_URL") else "embedded"
     emit(res, table(res, args.top), args.json)
     return 0

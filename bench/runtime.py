@@ -32,6 +32,7 @@ from bench.rtlib import (
     ZONE,
     ZONE2,
     Services,
+    after,
     echo_floor,
     echo_peer,
     machine,
@@ -364,7 +365,7 @@ def main(argv: list[str]) -> int:
         finally:
             signal.alarm(0)
             svc.close()
-    report["machine"]["loadavg_after"] = list(machine()["loadavg"])
+    report["machine"] = after(report["machine"])
     text = json.dumps(report, indent=2, default=str)
     if args.json is not None:
         args.json.write_text(text + "\n", encoding="utf-8")

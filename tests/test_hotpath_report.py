@@ -32,7 +32,8 @@ A second line of the intro.
 """
 
 MACHINE = {"cpus": 2, "python": "3.11.9", "time": "2026-12-01T06:00:00+0000",
-           "loadavg": [0.1, 0.2, 0.3], "loadavg_after": [0.4, 0.5, 0.6]}  # fmt: skip
+           "loadavg": [0.1, 0.2, 0.3], "loadavg_after": [0.4, 0.5, 0.6],
+           "python_loop_ms": 66.2, "python_loop_ms_after": 93.4}  # fmt: skip
 
 
 def _pct(p50: float, p99: float) -> dict[str, float]:
@@ -189,7 +190,7 @@ def test_markers_go_after_the_intro_once_and_the_rest_is_untouched(tmp_path: Pat
     assert "python -m bench.runtime all --json out/bench/runtime.json" in block
     assert "python -m bench.ingest --n 200000 --batch 5000 --harvesters 2" in block
     assert "2026-12-01T06:00:00+0000" in block and "7.2.4 (embedded)" in block
-    assert "0.10 0.20 0.30 → 0.40 0.50 0.60" in block
+    assert "0.10 0.20 0.30 → 0.40 0.50 0.60 | 66 → 93 |" in block  # the VM's speed, too
 
 
 def test_a_second_run_replaces_the_block_and_nothing_else(tmp_path: Path) -> None:
