@@ -79,6 +79,7 @@ def harvester_cmd(
     from psycopg_pool import ConnectionPool
 
     from coordinator.services import embedded_pg
+    from coordinator.state.lean import close_lean
     from coordinator.tracestore.harvester import Harvester
     from coordinator.tracestore.harvestgc import collected_on_timer
 
@@ -108,6 +109,7 @@ def harvester_cmd(
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
+        close_lean(client)  # the harvester's acknowledgements' own connections
         client.close()
 
 
