@@ -77,6 +77,12 @@ def push(r: redis.Redis, reports: list[str]) -> list[str]:
     return [i.decode() for i in pipe.execute()]
 
 
+def read_as(r: redis.Redis, s: HacoSettings, consumer: str, count: int) -> list[str]:
+    """New entries read by another consumer of the harvest group (left pending)."""
+    got: Any = r.xreadgroup(s.harvest_group, consumer, {keys.TRACES: ">"}, count=count)
+    return [i.decode() for i, _ in got[0][1]] if got else []
+
+
 def settings(**overrides: Any) -> HacoSettings:
     base: dict[str, Any] = {"harvest_batch": 1000, "harvest_block_ms": 50}
     return HacoSettings(**{**base, **overrides})
@@ -167,8 +173,7 @@ def test_reclaims_what_a_dead_consumer_left_pending(
     h = Harvester(r, pool, s, "alive")
     h.run_once()  # creates the group
     ids = push(r, [report_json(i) for i in range(20)])
-    got = r.xreadgroup(s.harvest_group, "dead", {keys.TRACES: ">"}, count=100)
-    assert len(got[0][1]) == 20
+    assert read_as(r, s, "dead", 100) == ids  # then the consumer dies
     r.xdel(keys.TRACES, ids[0])  # trimmed while pending: lost, and said so
     assert h.run_once() == 0  # not ours, not new
     assert h.reclaim() == 0  # not idle long enough yet
@@ -189,8 +194,7 @@ def test_the_stream_keeps_only_unacknowledged_entries_while_an_older_one_is_pend
     h = Harvester(r, pool, s, "h")
     h.run_once()  # creates the group
     held = push(r, [report_json(i) for i in range(5)])
-    got = r.xreadgroup(s.harvest_group, "other", {keys.TRACES: ">"}, count=5)
-    assert [i.decode() for i, _ in got[0][1]] == held  # another harvester's batch, in flight
+    assert read_as(r, s, "other", 5) == held  # another harvester's batch, in flight
     push(r, [report_json(i) for i in range(5, 25)])
     assert h.run_once() + h.run_once() == 20
     # Acknowledged after an entry still pending: out one by one, not left behind.

@@ -115,8 +115,7 @@ class LeanRedis:
         """MULTI, ``commands``, EXEC in one write: EXEC's raw replies, the first error
         among them raised (as redis-py's transaction pipeline raises it). Through the
         client's own pipeline when no connection is free, and to retry (its policy)."""
-        conn = self._take() if _pack is not None else None
-        if conn is None or _pack is None:
+        if _pack is None or (conn := self._take()) is None:
             return self._via_transaction(commands)
         packed = [_pack(("MULTI",)), *(_pack(tuple(c)) for c in commands), _pack(("EXEC",))]
         try:

@@ -9,8 +9,8 @@ entry), then in one transaction (:mod:`coordinator.tracestore.harvestsql`) inser
 ``members`` what is not there yet (no second row for a redelivered entry), the link
 observation the trace carries, and one ``invocations`` upsert per group counting only
 the newly inserted members and taking the group's first verdict. After
-``COMMIT``, one script: dead letters, counters, ``XACK`` of the batch and its entries out
-of the stream (``XTRIM MINID`` below the group's oldest unacknowledged entry). A
+``COMMIT``, one ``MULTI``: dead letters, counters, ``XACK`` of the batch; then its entries
+out of the stream (``XTRIM MINID`` below the group's oldest unacknowledged entry). A
 crash between the two leaves the entries pending; whoever reads them next (this consumer
 on restart, or another harvester's :meth:`Harvester.reclaim` once they are idle for
 ``harvest_reclaim_idle_s``) inserts nothing twice. Throughput scales with more
@@ -339,8 +339,7 @@ class Harvester:
         if batch.dead:
             ttl_ms = int(self.s.harvest_dead_letter_ttl_s * _MS)
             commands.append(("PEXPIRE", keys.TRACES_DEAD, ttl_ms))
-        commands += [("HINCRBY", keys.METRICS, name, n) for name, n in counts.items() if n]
-        commands.append(("PEXPIRE", keys.METRICS, int(self.s.profile_ttl_s * _MS)))
+        commands += self._count_commands(counts)
         if batch.ids:
             commands.append(("XACK", self.stream, self.group, *batch.ids))
         self._lean.transaction(*commands)
@@ -366,11 +365,16 @@ class Harvester:
         )
         self._count({"harvest_lost": len(ids)})
 
+    def _count_commands(self, counts: dict[str, int]) -> list[tuple[Any, ...]]:
+        """The counters' increments (none for a zero) and the metrics' TTL, as commands."""
+        commands: list[tuple[Any, ...]] = [
+            ("HINCRBY", keys.METRICS, name, n) for name, n in counts.items() if n
+        ]
+        return [*commands, ("PEXPIRE", keys.METRICS, int(self.s.profile_ttl_s * _MS))]
+
     def _queue_counts(self, pipe: Any, counts: dict[str, int]) -> None:
-        for name, n in counts.items():
-            if n:
-                pipe.hincrby(keys.METRICS, name, n)
-        pipe.pexpire(keys.METRICS, int(self.s.profile_ttl_s * _MS))
+        for command in self._count_commands(counts):
+            pipe.execute_command(*command)
 
     def _count(self, counts: dict[str, int]) -> None:
         pipe = self.r.pipeline(transaction=False)
