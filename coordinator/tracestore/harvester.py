@@ -10,7 +10,8 @@ entry), then in one transaction (:mod:`coordinator.tracestore.harvestsql`) inser
 observation the trace carries, and one ``invocations`` upsert per group counting only
 the newly inserted members and taking the group's first verdict. After
 ``COMMIT``, one ``MULTI``: dead letters, counters, ``XACK`` of the batch; then its entries
-out of the stream (``XTRIM MINID`` below the group's oldest unacknowledged entry). A
+out of the stream (``XTRIM MINID`` below the group's oldest unacknowledged entry;
+:mod:`coordinator.tracestore.harvestack`). A
 crash between the two leaves the entries pending; whoever reads them next (this consumer
 on restart, or another harvester's :meth:`Harvester.reclaim` once they are idle for
 ``harvest_reclaim_idle_s``) inserts nothing twice. Throughput scales with more
@@ -67,7 +68,7 @@ from coordinator.config import HacoSettings
 from coordinator.state import keys
 from coordinator.state.codec import text
 from coordinator.state.lean import lean_for
-from coordinator.state.lua import script
+from coordinator.tracestore.harvestack import HarvestAcks
 from coordinator.tracestore.harvestlag import Lag, read_lag
 from coordinator.tracestore.harvestsql import FreshRows, Staged, write, write_fresh
 from coordinator.tracestore.tracecodec import Batch, parse_batch
@@ -90,11 +91,6 @@ class _Stored:
 
 # A batch handed to the store thread, and its outcome (None: not stored, left pending).
 _Job = tuple[Batch, "Future[_Stored | None]"]
-
-
-def _stream_id(sid: bytes | str) -> tuple[int, int]:
-    ms, _, seq = text(sid).partition("-")
-    return int(ms), int(seq)
 
 
 def _unparsed(response: Any, **_: Any) -> Any:
@@ -132,8 +128,7 @@ class Harvester:
         # the flat field lists): a client of its own on the same pool, without that parser.
         self._reader = redis.Redis(connection_pool=redis_client.connection_pool)
         self._reader.set_response_callback("XREADGROUP", _unparsed)
-        self._lean = lean_for(redis_client)
-        self._trim_script = self._lean.script(script("harvest_trim"))
+        self._acks = HarvestAcks(lean_for(redis_client), settings)
         self._own_pending = True  # a restart under the same name resumes its own entries
         self._group_ready = False
         self._backoff = 0.0
@@ -286,7 +281,7 @@ class Harvester:
         dups = len(batch.rows) - len(rejected) - stored.inserted - stored.verdicts
         counts = {"harvest_entries": len(batch.ids), "harvest_rows": stored.inserted}
         counts |= {"harvest_verdicts": stored.verdicts, "harvest_duplicates": dups}
-        self._finish(batch, {**counts, "harvest_dead_letter": len(batch.dead)})
+        self._acks.finish(batch, {**counts, "harvest_dead_letter": len(batch.dead)})
         return stored.inserted + stored.verdicts
 
     def _store(
@@ -324,39 +319,6 @@ class Harvester:
         with self.pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             return how(cur)
 
-    def _finish(self, batch: Batch, counts: dict[str, int]) -> None:
-        """After the commit: dead letters, counts and the acknowledgement, all or nothing
-        (MULTI), so an entry is never acknowledged without its dead letter; then the
-        batch out of the stream (:meth:`_trim`). Packed by hiredis alone
-        (coordinator.state.lean): redis-py's per-argument pass over a batch's ids cost
-        this loop about as much as decoding the batch."""
-        cap = self.s.harvest_dead_letter_maxlen
-        commands: list[tuple[Any, ...]] = [
-            ("XADD", keys.TRACES_DEAD, "MAXLEN", "~", cap, "*", "id", sid, "report", raw,
-             "error", error)
-            for sid, raw, error in batch.dead
-        ]  # fmt: skip
-        if batch.dead:
-            ttl_ms = int(self.s.harvest_dead_letter_ttl_s * _MS)
-            commands.append(("PEXPIRE", keys.TRACES_DEAD, ttl_ms))
-        commands += self._count_commands(counts)
-        if batch.ids:
-            commands.append(("XACK", self.stream, self.group, *batch.ids))
-        self._lean.transaction(*commands)
-        self._trim(batch.ids)
-
-    def _trim(self, ids: list[str]) -> None:
-        """The acknowledged entries out of the stream: below the group's oldest
-        unacknowledged one at once (coordinator/state/harvest_trim.lua), the rest of
-        ``ids`` (acknowledged after an entry still pending) one by one."""
-        if not ids:
-            return
-        floor = self._trim_script((self.stream,), (self.group, ids[-1]))
-        if floor is not None:
-            at = _stream_id(floor)
-            if left := [sid for sid in ids if _stream_id(sid) >= at]:
-                self._lean.execute("XDEL", self.stream, *left)
-
     def _report_lost(self, ids: list[str], where: str) -> None:
         log.error(
             f"{len(ids)} trace entries were trimmed from {self.stream} before they were "
@@ -365,15 +327,8 @@ class Harvester:
         )
         self._count({"harvest_lost": len(ids)})
 
-    def _count_commands(self, counts: dict[str, int]) -> list[tuple[Any, ...]]:
-        """The counters' increments (none for a zero) and the metrics' TTL, as commands."""
-        commands: list[tuple[Any, ...]] = [
-            ("HINCRBY", keys.METRICS, name, n) for name, n in counts.items() if n
-        ]
-        return [*commands, ("PEXPIRE", keys.METRICS, int(self.s.profile_ttl_s * _MS))]
-
     def _queue_counts(self, pipe: Any, counts: dict[str, int]) -> None:
-        for command in self._count_commands(counts):
+        for command in self._acks.count_commands(counts):
             pipe.execute_command(*command)
 
     def _count(self, counts: dict[str, int]) -> None:
