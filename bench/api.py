@@ -29,7 +29,8 @@ import uvicorn
 from rich.table import Table
 
 from bench.console import show
-from bench.rtlib import POOL_FILE, Services, machine, summary_ms
+from bench.machine import machine
+from bench.rtlib import POOL_FILE, Services, summary_ms
 from coordinator.api.app import create_app
 from coordinator.config import HacoSettings
 from coordinator.runtime.client import HacoClient

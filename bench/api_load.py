@@ -47,7 +47,8 @@ from starlette.routing import Route
 
 from bench.api import free_port
 from bench.console import show
-from bench.rtlib import BenchStack, Services, machine, summary_ms
+from bench.machine import machine
+from bench.rtlib import BenchStack, Services, summary_ms
 
 ZONE = "local"
 KEY_ENV = "HACO_BENCH_KEY"

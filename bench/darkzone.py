@@ -25,7 +25,8 @@ from typing import Any
 from rich.table import Table
 
 from bench.console import err, show
-from bench.rtlib import BenchStack, Services, machine, server_info
+from bench.machine import machine, server_info
+from bench.rtlib import BenchStack, Services
 from coordinator.config import HacoSettings
 from coordinator.core.percentiles import nearest_rank
 from coordinator.runtime.client import HacoClient

@@ -21,7 +21,8 @@ import redis
 from rich.table import Table
 
 from bench.console import emit
-from bench.rtlib import run_on_redis, server_info
+from bench.machine import server_info
+from bench.rtlib import run_on_redis
 from coordinator.core.percentiles import interpolated, median
 from coordinator.state.lean import LeanRedis
 

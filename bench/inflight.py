@@ -36,7 +36,8 @@ import redis
 from rich.table import Table
 
 from bench.console import show
-from bench.rtlib import BENCH, ZONE, Services, machine, server_info, summary_ms
+from bench.machine import machine, server_info
+from bench.rtlib import BENCH, ZONE, Services, summary_ms
 from coordinator.config import HacoSettings
 from coordinator.runtime.dispatch import sending_app
 from coordinator.state import keys

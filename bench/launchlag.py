@@ -39,18 +39,9 @@ from rich.table import Table
 
 from bench.console import emit
 from bench.hotpath_goals import TAIL_VARIANT
+from bench.machine import after, machine, server_info
 from bench.rtbench import CALL_DEADLINE_S, wait_ready
-from bench.rtlib import (
-    Marks,
-    Services,
-    TimedStore,
-    after,
-    machine,
-    read_traces,
-    server_info,
-    summary_ms,
-    timed_client,
-)
+from bench.rtlib import Marks, Services, TimedStore, read_traces, summary_ms, timed_client
 from bench.rttail import VARIANTS
 from coordinator.config import HacoSettings
 from coordinator.runtime.coordinator import WAKE

@@ -22,7 +22,8 @@ import redis
 from rich.table import Table
 
 from bench.console import show
-from bench.rtlib import run_on_redis, server_info
+from bench.machine import server_info
+from bench.rtlib import run_on_redis
 from coordinator.core.percentiles import median
 from coordinator.state.lean import LeanRedis
 

@@ -32,8 +32,9 @@ import redis
 from rich.table import Table
 
 from bench.console import emit
+from bench.machine import after, machine, server_info
 from bench.rtbench import _drain, load_calls, load_phase, tasks_done
-from bench.rtlib import Services, after, machine, server_info
+from bench.rtlib import Services
 from coordinator.core.percentiles import median
 from coordinator.state.budget import earn_script, spend_script
 from coordinator.state.kombu_redis import ACK_SCRIPT, APPEND_SCRIPT

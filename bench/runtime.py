@@ -28,17 +28,8 @@ from rich.table import Table
 from bench import hotpath_goals, rtbench, rtgrowth, rtplan, rttail
 from bench.console import err, show
 from bench.hotpath_goals import GOALS
-from bench.rtlib import (
-    ZONE,
-    ZONE2,
-    Services,
-    after,
-    echo_floor,
-    echo_peer,
-    machine,
-    server_info,
-    summary_ms,
-)
+from bench.machine import after, machine, server_info
+from bench.rtlib import ZONE, ZONE2, Services, echo_floor, echo_peer, summary_ms
 
 BENCHES = ("overhead", "throughput", "tail", "loser")  # `all`
 CURVES = ("growth", "planning")  # issue 12's growth curves, run by name
