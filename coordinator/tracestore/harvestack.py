@@ -31,11 +31,10 @@ def _stream_id(sid: bytes | str) -> tuple[int, int]:
 
 
 class HarvestAcks:
-    """The acknowledgements of one harvest group's consumer on the trace stream."""
+    """The acknowledgements of one consumer of ``group`` on ``stream`` (its harvester's)."""
 
-    def __init__(self, lean: LeanRedis, settings: HacoSettings) -> None:
-        self.lean, self.s = lean, settings
-        self.stream, self.group = keys.TRACES, settings.harvest_group
+    def __init__(self, lean: LeanRedis, stream: str, group: str, settings: HacoSettings) -> None:
+        self.lean, self.stream, self.group, self.s = lean, stream, group, settings
         self._trim_script = lean.script(script("harvest_trim"))
 
     def finish(self, batch: Batch, counts: dict[str, int]) -> None:

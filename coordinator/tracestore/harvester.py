@@ -128,7 +128,7 @@ class Harvester:
         # the flat field lists): a client of its own on the same pool, without that parser.
         self._reader = redis.Redis(connection_pool=redis_client.connection_pool)
         self._reader.set_response_callback("XREADGROUP", _unparsed)
-        self._acks = HarvestAcks(lean_for(redis_client), settings)
+        self._acks = HarvestAcks(lean_for(redis_client), self.stream, self.group, settings)
         self._own_pending = True  # a restart under the same name resumes its own entries
         self._group_ready = False
         self._backoff = 0.0
