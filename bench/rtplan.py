@@ -2,11 +2,12 @@
 with pools of 6, 24 and 200 candidates of one role across three zones.
 
 Planning = reading the role's profiles from Redis (one Lua read, decoded per candidate) +
-building the policy's view + the allocation rule (Coordinator.view + Haco.decide, all
-inside Coordinator._plan). Every candidate and link has a profile, written through the
-store's public API as workers write them, so the view is built from real data. The
-rule also runs once more with failure domains (synthetic co-failure evidence: the
-candidates of a zone fail together), as it does once a recompute snapshot has them.
+building the policy's view + the allocation rule (Coordinator.view + Haco.choose, all
+inside Coordinator._plan; Haco.decide, the rule with every term it computes, beside it).
+Every candidate and link has a profile, written through the store's public API as workers
+write them, so the view is built from real data. The rule also runs once more with
+failure domains (synthetic co-failure evidence: the candidates of a zone fail together),
+as it does once a recompute snapshot has them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from coordinator.core.methods import Haco
 from coordinator.core.params import ProfileSettings
 from coordinator.core.percentiles import interpolated, median
 from coordinator.core.profiles import CandidateObservation, LinkObservation
+from coordinator.core.smallpool import in_floats
 from coordinator.runtime.client import HacoClient
 from coordinator.runtime.pool import endpoint_host
 from schemas.enums import FailureKind
@@ -45,6 +47,8 @@ PARTS = (
     "build_view",
     "view",
     "decide",
+    "choose",
+    "in_floats",
     "decide_with_domains",
     "plan_read",
     "plan",
@@ -158,6 +162,10 @@ def plan_size(svc: Services, n: int, iters: int, rng: np.random.Generator) -> di
             "build_view": lambda: build_view(members, caller, profiles, links, nbytes, ps),
             "view": lambda: coord.view(ROLE, nbytes),
             "decide": lambda: rule.decide(view, coord.rng),
+            # The runtime's plan (Haco.choose: floats up to smallpool.SMALL_POOL, else
+            # decide's numpy), and the float path itself at any size.
+            "choose": lambda: rule.choose(view),
+            "in_floats": lambda: in_floats(view.stats, call.params),
             "decide_with_domains": lambda: rule.decide(view_dep, coord.rng),
             # With the role's view read (a failure seen, or plan_view_fresh_s = 0), and
             # on the view read within plan_view_fresh_s (no read: runtime.viewing).

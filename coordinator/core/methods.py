@@ -16,6 +16,7 @@ import numpy as np
 from coordinator.core.cofailure import Dependence
 from coordinator.core.params import PolicyParams
 from coordinator.core.policy import Allocation, CandidateArrays, FloatArray, allocate
+from coordinator.core.smallpool import choose
 from coordinator.errors import InputError
 from schemas.enums import StopReason, WinnerMode
 
@@ -74,6 +75,13 @@ class Haco:
     def decide(self, view: PoolView, rng: np.random.Generator) -> Decision:
         alloc = allocate(view.stats, self.params, view.dependence)
         return _from_allocation(alloc, self.params.winner_mode)
+
+    def choose(self, view: PoolView) -> Decision:
+        """:meth:`decide`'s decision without its Allocation (None): what a runtime plan
+        uses, worked out in floats for a small pool (coordinator.core.smallpool)."""
+        c = choose(view.stats, self.params, view.dependence)
+        mode = self.params.winner_mode
+        return Decision(c.members, c.p_success, c.stop, mode, c.u_plus, c.r_minus)
 
 
 def _single(index: int) -> Decision:

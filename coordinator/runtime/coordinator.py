@@ -137,7 +137,7 @@ class Coordinator:
         credit = self.budget.plan_credit()
         cands, view, read = self.views.view(inv.role, request_bytes, group_id, credit)
         opening = self.views.opening(read, group_id, credit)
-        decision = Haco(call.params).decide(view, self.rng)
+        decision = Haco(call.params).choose(view)  # in floats for a small pool (core.smallpool)
         members = decision.members
         if not inv.idempotent:
             members = members[:1]  # side effects: the best-ranked candidate alone

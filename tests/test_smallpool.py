@@ -1,0 +1,133 @@
+"""The rule in floats (coordinator.core.smallpool) gives allocate's decision, to the bit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.core.cofailure import Dependence, Domain
+from coordinator.core.methods import Haco, PoolView
+from coordinator.core.params import PolicyParams
+from coordinator.core.policy import CandidateArrays, allocate
+from coordinator.core.smallpool import SMALL_POOL, Choice, choose, in_floats
+from schemas.enums import StopReason
+
+FIELDS = ("alpha", "beta", "f_int", "loss", "t_proc_s", "bytes", "bandwidth_Bps", "jitter_Bps")
+
+row_st = st.tuples(
+    st.floats(0.05, 200.0),  # alpha
+    st.floats(0.05, 200.0),  # beta
+    st.floats(0.0, 1.0),  # f_int
+    st.floats(0.0, 1.0),  # loss
+    st.one_of(st.just(0.0), st.floats(1e-3, 30.0)),  # t_proc_s (0: a median T of 0)
+    st.floats(0.0, 1e6),  # bytes
+    st.one_of(st.just(math.inf), st.floats(0.0, 1e8)),  # bandwidth_Bps
+    st.floats(0.0, 1e7),  # jitter_Bps
+    st.floats(0.0, 0.5),  # rtt_s
+)
+# Pools drawn from a few templates, so exact U⁺ ties (duplicates) are common; sizes on
+# both sides of SMALL_POOL.
+pools_st = st.lists(row_st, min_size=1, max_size=4).flatmap(
+    lambda templates: st.lists(st.sampled_from(templates), min_size=1, max_size=2 * SMALL_POOL)
+)
+params_st = st.builds(
+    PolicyParams,
+    tau=st.floats(0.05, 0.99),
+    lam=st.floats(0.0, 3.0),
+    gamma=st.floats(0.0, 3.0),
+    kappa=st.floats(0.0, 5.0),
+    eta=st.floats(0.0, 2.0),
+    eps_r=st.floats(0.0, 1.0),
+    r_cap=st.floats(0.05, 0.999),
+    use_env=st.booleans(),
+    use_lcb=st.booleans(),
+    use_rtt=st.booleans(),
+)
+
+
+def stats_of(rows: list[tuple[float, ...]], rtt: bool) -> CandidateArrays:
+    columns: dict[str, object] = {name: [r[i] for r in rows] for i, name in enumerate(FIELDS)}
+    if rtt:
+        columns["rtt_s"] = [r[-1] for r in rows]
+    return CandidateArrays.from_columns(**columns)
+
+
+def allocated(stats: CandidateArrays, params: PolicyParams) -> Choice:
+    a = allocate(stats, params)
+    m = a.members
+    return Choice(
+        tuple(int(i) for i in m), a.p_success, a.stop,
+        tuple(float(a.u_plus[i]) for i in m), tuple(float(a.r_minus[i]) for i in m),
+    )  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(pools_st, params_st, st.booleans(), st.floats(0.0, 1e5))
+def test_floats_give_allocates_decision_bit_for_bit(
+    rows: list[tuple[float, ...]], params: PolicyParams, rtt: bool, request_bytes: float
+) -> None:
+    stats = stats_of(rows, rtt)
+    sized = CandidateArrays(  # a view sized for a request, as evidence.for_request makes it
+        stats.alpha, stats.beta, stats.f_int, stats.loss, stats.t_proc_s,
+        stats.bytes + request_bytes, stats.bandwidth_Bps, stats.jitter_Bps, stats.rtt_s,
+        stats.fixed,
+    )  # fmt: skip
+    for s in (stats, sized):
+        expected = allocated(s, params)
+        assert in_floats(s, params) == expected  # floats compared with ==: bit for bit
+        assert choose(s, params) == expected
+
+
+def test_ties_keep_pool_order_and_the_stop_reasons() -> None:
+    same = (1.0, 1.0, 0.0, 0.0, 1.0, 0.0, math.inf, 0.0, 0.0)
+    stats = stats_of([same] * 5, rtt=False)
+    reached = in_floats(stats, PolicyParams(tau=0.5))
+    assert reached.members == (0, 1)  # equal U⁺: pool order, as allocate's stable sort
+    assert reached.stop is StopReason.TARGET_REACHED
+    exhausted = in_floats(stats, PolicyParams(tau=0.99))
+    assert exhausted.members == (0, 1, 2, 3, 4)
+    assert exhausted.stop is StopReason.POOL_EXHAUSTED
+    assert exhausted == allocated(stats, PolicyParams(tau=0.99))
+
+
+def test_the_fastest_candidate_ranks_first() -> None:
+    slow = (1.0, 1.0, 0.0, 0.0, 20.0, 0.0, math.inf, 0.0, 0.0)
+    fast = (1.0, 1.0, 0.0, 0.0, 0.5, 0.0, math.inf, 0.0, 0.0)
+    c = in_floats(stats_of([slow, fast, slow], rtt=False), PolicyParams(tau=0.2))
+    assert c.members == (1,)
+    assert c.u_plus[0] > 0
+
+
+def test_failure_domains_and_large_pools_go_through_allocate() -> None:
+    row = (2.0, 1.0, 0.05, 0.0, 1.0, 100.0, 1e6, 0.0, 0.0)
+    big = stats_of([row] * (SMALL_POOL + 1), rtt=False)
+    assert choose(big, PolicyParams()) == allocated(big, PolicyParams())
+    small = stats_of([row] * 3, rtt=False)
+    # With failure domains the rule is coordinator.core.joint's: choose defers to it.
+    dep = Dependence((Domain("zone:a", (0, 1), 0.3),))
+    a = allocate(small, PolicyParams(), dep)
+    c = choose(small, PolicyParams(), dep)
+    assert c.members == tuple(a.members.tolist())
+    assert c.p_success == a.p_success
+
+
+def test_haco_choose_is_decide_without_the_allocation() -> None:
+    rows = [
+        (3.0, 1.0, 0.1, 0.01, 2.0, 500.0, 1e5, 1e4, 0.0),
+        (1.0, 2.0, 0.0, 0.0, 0.5, 500.0, 1e6, 0.0, 0.0),
+        (5.0, 5.0, 0.2, 0.0, 1.0, 500.0, math.inf, 0.0, 0.0),
+    ]
+    stats = stats_of(rows, rtt=False)
+    view = PoolView(
+        ("a", "b", "c"), ("z1", "z2", "z1"), stats, np.zeros(3), np.zeros(3), np.zeros(3)
+    )
+    rule = Haco(PolicyParams(tau=0.8))
+    full = rule.decide(view, np.random.default_rng(0))
+    lean = rule.choose(view)
+    assert lean.allocation is None
+    assert full.allocation is not None
+    for field in ("members", "p_success", "stop", "winner_mode", "u_plus", "r_minus"):
+        assert getattr(lean, field) == getattr(full, field), field
