@@ -7,6 +7,7 @@ import math
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_policy import FIELDS, full_params_st
 
 from coordinator.core.cofailure import Dependence, Domain
 from coordinator.core.methods import Haco, PoolView
@@ -15,15 +16,13 @@ from coordinator.core.policy import CandidateArrays, allocate
 from coordinator.core.smallpool import SMALL_POOL, Choice, choose, in_floats
 from schemas.enums import StopReason
 
-FIELDS = ("alpha", "beta", "f_int", "loss", "t_proc_s", "bytes", "bandwidth_Bps", "jitter_Bps")
-
 row_st = st.tuples(
     st.floats(0.05, 200.0),  # alpha
     st.floats(0.05, 200.0),  # beta
     st.floats(0.0, 1.0),  # f_int
     st.floats(0.0, 1.0),  # loss
     st.one_of(st.just(0.0), st.floats(1e-3, 30.0)),  # t_proc_s (0: a median T of 0)
-    st.floats(0.0, 1e6),  # bytes
+    st.one_of(st.just(0.0), st.floats(1.0, 1e6)),  # bytes (no subnormals: T / t0 stays finite)
     st.one_of(st.just(math.inf), st.floats(0.0, 1e8)),  # bandwidth_Bps
     st.floats(0.0, 1e7),  # jitter_Bps
     st.floats(0.0, 0.5),  # rtt_s
@@ -33,18 +32,14 @@ row_st = st.tuples(
 pools_st = st.lists(row_st, min_size=1, max_size=4).flatmap(
     lambda templates: st.lists(st.sampled_from(templates), min_size=1, max_size=2 * SMALL_POOL)
 )
-params_st = st.builds(
-    PolicyParams,
-    tau=st.floats(0.05, 0.99),
-    lam=st.floats(0.0, 3.0),
-    gamma=st.floats(0.0, 3.0),
-    kappa=st.floats(0.0, 5.0),
-    eta=st.floats(0.0, 2.0),
-    eps_r=st.floats(0.0, 1.0),
-    r_cap=st.floats(0.05, 0.999),
-    use_env=st.booleans(),
-    use_lcb=st.booleans(),
-    use_rtt=st.booleans(),
+# test_policy's parameters, with each ablation switch and the RTT term on or off.
+params_st = full_params_st.flatmap(
+    lambda p: st.builds(
+        lambda env, lcb, rtt: p.model_copy(update={"use_env": env, "use_lcb": lcb, "use_rtt": rtt}),
+        st.booleans(),
+        st.booleans(),
+        st.booleans(),
+    )
 )
 
 
@@ -65,7 +60,7 @@ def allocated(stats: CandidateArrays, params: PolicyParams) -> Choice:
 
 
 @settings(max_examples=400, deadline=None, database=None)
-@given(pools_st, params_st, st.booleans(), st.floats(0.0, 1e5))
+@given(pools_st, params_st, st.booleans(), st.one_of(st.just(0.0), st.floats(1.0, 1e5)))
 def test_floats_give_allocates_decision_bit_for_bit(
     rows: list[tuple[float, ...]], params: PolicyParams, rtt: bool, request_bytes: float
 ) -> None:
