@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.hotpath_goals import worker_cpu
+from coordinator.core.smallpool import SMALL_POOL
 
 NA = "not measured"
 SYSTEMS = (("haco-1", "HACO, 1 member"), ("haco-2", "HACO, 2 members"), ("bare", "bare Celery"))
@@ -16,7 +17,7 @@ PLAN_PARTS = (
     ("build_view", "view built from the profiles"),
     ("view", "`Coordinator.view` (on a view read < plan_view_fresh_s ago)"),
     ("decide", "`Haco.decide` (the allocation rule, every term in numpy)"),
-    ("choose", "`Haco.choose` (the rule as a plan runs it: floats up to 16 candidates)"),
+    ("choose", f"`Haco.choose` (the rule as a plan runs it: floats up to {SMALL_POOL} candidates)"),
     ("in_floats", "the rule in floats (`smallpool.in_floats`), at any size"),
     ("decide_with_domains", "`Haco.decide` with failure domains"),
     ("plan_read", "`Coordinator._plan`, reading the view (all of planning)"),

@@ -161,20 +161,20 @@ def plan_size(svc: Services, n: int, iters: int, rng: np.random.Generator) -> di
             "profiles_uncached": lambda: coord.store.load_profiles(ids, lids),
             "build_view": lambda: build_view(members, caller, profiles, links, nbytes, ps),
             "view": lambda: coord.view(ROLE, nbytes),
-            "decide": lambda: rule.decide(view, coord.rng),
+            "decide": lambda: rule.decide(view, rng),
             # The runtime's plan (Haco.choose: floats up to smallpool.SMALL_POOL, else
             # decide's numpy), and the float path itself at any size.
             "choose": lambda: rule.choose(view),
             "in_floats": lambda: in_floats(view.stats, call.params),
-            "decide_with_domains": lambda: rule.decide(view_dep, coord.rng),
+            "decide_with_domains": lambda: rule.decide(view_dep, rng),
             # With the role's view read (a failure seen, or plan_view_fresh_s = 0), and
             # on the view read within plan_view_fresh_s (no read: runtime.viewing).
             "plan_read": lambda: _read_then_plan(coord, inv),
             "plan": lambda: coord._plan(inv),
         }
         times = {name: _timed(fn, iters) for name, fn in parts.items()}
-        decision = rule.decide(view, coord.rng)
-        with_dep = rule.decide(view_dep, coord.rng)
+        decision = rule.decide(view, rng)
+        with_dep = rule.decide(view_dep, rng)
     finally:
         client.close()
     return {

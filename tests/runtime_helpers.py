@@ -9,8 +9,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from coordinator.config import HacoSettings
 from coordinator.runtime.coordinator import Coordinator, InvocationResult
 from coordinator.runtime.dispatch import ThreadDispatcher
@@ -172,6 +170,5 @@ def build_runtime(
     )
     pool = pool or small_pool()
     dispatcher = ThreadDispatcher(lambda t: execute_member(t, ctx), pool.zones, max_workers)
-    rng = np.random.default_rng(7)
-    coord = Coordinator(pool, store, dispatcher, budget, delays, settings, rng=rng)
+    coord = Coordinator(pool, store, dispatcher, budget, delays, settings)
     return Runtime(coord, store, dispatcher, budget, backend)

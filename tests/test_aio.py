@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 import redis
 from runtime_helpers import ScriptedBackend, Step, invocation, small_pool
@@ -51,9 +50,7 @@ def build(redis_db: redis.Redis, url: str, script: dict[str, Step], **over: obje
     )
     pool = small_pool()
     dispatcher = ThreadDispatcher(lambda t: execute_member(t, ctx), pool.zones, 64)
-    coord = Coordinator(
-        pool, store, dispatcher, budget, delays, settings, rng=np.random.default_rng(7)
-    )
+    coord = Coordinator(pool, store, dispatcher, budget, delays, settings)
     return AsyncRuntime(coord, dispatcher, url)
 
 

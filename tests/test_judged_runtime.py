@@ -9,7 +9,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import psycopg
 import pytest
 import redis
@@ -166,7 +165,6 @@ def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
     dispatcher = ThreadDispatcher(lambda t: execute_member(t, ctx), pool.zones, 8)
     coord = Coordinator(
         pool, store, dispatcher, MemoryBudget(settings), delays, settings,
-        rng=np.random.default_rng(7),
     )  # fmt: skip
     yield Rig(coord, store, judge)
     judge.cancel()

@@ -11,7 +11,6 @@ import re
 from enum import StrEnum
 from typing import Any
 
-import numpy as np
 import psycopg
 import pytest
 import redis
@@ -107,7 +106,6 @@ class Runtime:
         self.dispatcher = ThreadDispatcher(lambda t: execute_member(t, ctx), pool.zones, 8)
         self.coordinator = Coordinator(
             pool, self.store, self.dispatcher, MemoryBudget(settings), delays, settings,
-            rng=np.random.default_rng(7),
         )  # fmt: skip
 
     def invoke(self, **overrides: Any) -> InvocationResult:

@@ -251,7 +251,6 @@ def test_the_coordinator_reads_after_a_failure_it_saw(redis_db: redis.Redis) -> 
     dispatcher = ThreadDispatcher(lambda t: execute_member(t, ctx), pool.zones)
     coord = Coordinator(
         pool, store, dispatcher, MemoryBudget(settings), MemoryDelayWindow(settings), settings,
-        rng=np.random.default_rng(7),
     )  # fmt: skip
     try:
         coord.invoke(invocation())

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from test_policy import FIELDS, full_params_st
 
 from coordinator.core.cofailure import Dependence, Domain
-from coordinator.core.methods import Haco, PoolView
+from coordinator.core.methods import Decision, Haco, PoolView
 from coordinator.core.params import PolicyParams
 from coordinator.core.policy import CandidateArrays, allocate
-from coordinator.core.smallpool import SMALL_POOL, Choice, choose, in_floats
+from coordinator.core.smallpool import SMALL_POOL, Choice, in_floats, in_floats_applies
 from schemas.enums import StopReason
 
 row_st = st.tuples(
@@ -50,6 +50,24 @@ def stats_of(rows: list[tuple[float, ...]], rtt: bool) -> CandidateArrays:
     return CandidateArrays.from_columns(**columns)
 
 
+FIELDS_OF_DECISION = ("members", "p_success", "stop", "winner_mode", "u_plus", "r_minus")
+
+
+def decisions(
+    stats: CandidateArrays, params: PolicyParams, dep: Dependence | None = None
+) -> tuple[Decision, Decision]:
+    """(Haco.choose's, Haco.decide's) decision on ``stats``."""
+    n = len(stats)
+    zeros = np.zeros(n)
+    view = PoolView(tuple(f"c{i}" for i in range(n)), ("z",) * n, stats, zeros, zeros, zeros, dep)
+    rule = Haco(params)
+    return rule.choose(view), rule.decide(view, np.random.default_rng(0))
+
+
+def same_decision(a: Decision, b: Decision) -> bool:
+    return all(getattr(a, f) == getattr(b, f) for f in FIELDS_OF_DECISION)
+
+
 def allocated(stats: CandidateArrays, params: PolicyParams) -> Choice:
     a = allocate(stats, params)
     m = a.members
@@ -73,7 +91,7 @@ def test_floats_give_allocates_decision_bit_for_bit(
     for s in (stats, sized):
         expected = allocated(s, params)
         assert in_floats(s, params) == expected  # floats compared with ==: bit for bit
-        assert choose(s, params) == expected
+        assert same_decision(*decisions(s, params))
 
 
 def test_ties_keep_pool_order_and_the_stop_reasons() -> None:
@@ -98,15 +116,18 @@ def test_the_fastest_candidate_ranks_first() -> None:
 
 def test_failure_domains_and_large_pools_go_through_allocate() -> None:
     row = (2.0, 1.0, 0.05, 0.0, 1.0, 100.0, 1e6, 0.0, 0.0)
+    params = PolicyParams()
     big = stats_of([row] * (SMALL_POOL + 1), rtt=False)
-    assert choose(big, PolicyParams()) == allocated(big, PolicyParams())
     small = stats_of([row] * 3, rtt=False)
-    # With failure domains the rule is coordinator.core.joint's: choose defers to it.
+    # With failure domains the rule is coordinator.core.joint's: no float path for it.
     dep = Dependence((Domain("zone:a", (0, 1), 0.3),))
-    a = allocate(small, PolicyParams(), dep)
-    c = choose(small, PolicyParams(), dep)
-    assert c.members == tuple(a.members.tolist())
-    assert c.p_success == a.p_success
+    assert in_floats_applies(len(small), params, None)
+    assert not in_floats_applies(len(big), params, None)
+    assert not in_floats_applies(len(small), params, dep)
+    for stats, d in ((big, None), (small, dep)):
+        lean, full = decisions(stats, params, d)
+        assert lean.allocation is not None  # allocate's own answer
+        assert same_decision(lean, full)
 
 
 def test_haco_choose_is_decide_without_the_allocation() -> None:
@@ -115,14 +136,7 @@ def test_haco_choose_is_decide_without_the_allocation() -> None:
         (1.0, 2.0, 0.0, 0.0, 0.5, 500.0, 1e6, 0.0, 0.0),
         (5.0, 5.0, 0.2, 0.0, 1.0, 500.0, math.inf, 0.0, 0.0),
     ]
-    stats = stats_of(rows, rtt=False)
-    view = PoolView(
-        ("a", "b", "c"), ("z1", "z2", "z1"), stats, np.zeros(3), np.zeros(3), np.zeros(3)
-    )
-    rule = Haco(PolicyParams(tau=0.8))
-    full = rule.decide(view, np.random.default_rng(0))
-    lean = rule.choose(view)
+    lean, full = decisions(stats_of(rows, rtt=False), PolicyParams(tau=0.8))
     assert lean.allocation is None
     assert full.allocation is not None
-    for field in ("members", "p_success", "stop", "winner_mode", "u_plus", "r_minus"):
-        assert getattr(lean, field) == getattr(full, field), field
+    assert same_decision(lean, full)

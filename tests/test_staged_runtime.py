@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pytest
 from runtime_helpers import RETURNED, ROLE, Runtime, ScriptedBackend, Step, invocation, small_pool
 from test_liveness_inproc import DarkDispatcher, pool
@@ -85,8 +84,7 @@ def build(new_store: Stores, backend: ScriptedBackend, pool_: Pool, **overrides:
         cancels=cancels, clock=worker_clock,
     )  # fmt: skip
     dispatcher = ThreadDispatcher(lambda t: execute_member(t, ctx), pool_.zones, 16)
-    rng = np.random.default_rng(7)
-    coord = Coordinator(pool_, store, dispatcher, budget, delays, settings, rng=rng)
+    coord = Coordinator(pool_, store, dispatcher, budget, delays, settings)
     return Runtime(coord, store, dispatcher, budget, backend)  # type: ignore[arg-type]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from coordinator.core.cofailure import Dependence
 from coordinator.core.params import PolicyParams
 from coordinator.core.policy import Allocation, CandidateArrays, FloatArray, allocate
-from coordinator.core.smallpool import choose
+from coordinator.core.smallpool import in_floats, in_floats_applies
 from coordinator.errors import InputError
 from schemas.enums import StopReason, WinnerMode
 
@@ -77,9 +77,12 @@ class Haco:
         return _from_allocation(alloc, self.params.winner_mode)
 
     def choose(self, view: PoolView) -> Decision:
-        """:meth:`decide`'s decision without its Allocation (None): what a runtime plan
-        uses, worked out in floats for a small pool (coordinator.core.smallpool)."""
-        c = choose(view.stats, self.params, view.dependence)
+        """:meth:`decide`'s decision as a runtime plan takes it: for a small pool worked
+        out in floats, without the Allocation (None: coordinator.core.smallpool)."""
+        if not in_floats_applies(len(view.stats), self.params, view.dependence):
+            alloc = allocate(view.stats, self.params, view.dependence)
+            return _from_allocation(alloc, self.params.winner_mode)
+        c = in_floats(view.stats, self.params)
         mode = self.params.winner_mode
         return Decision(c.members, c.p_success, c.stop, mode, c.u_plus, c.r_minus)
 

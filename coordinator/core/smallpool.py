@@ -6,7 +6,7 @@ them). A runtime plan needs five things of it, once per call: the members, P_suc
 stop reason and the members' U⁺ and R⁻. On a pool of a few candidates numpy's fixed cost
 per operation (about a microsecond, and several on a call that follows a Redis wait, when
 the caches are cold) is nearly all of the rule's time, and its code crowds the caller's
-caches for the steps after it. :func:`choose` does allocate's arithmetic on floats, in
+caches for the steps after it. :func:`in_floats` does allocate's arithmetic on floats, in
 the same order, so its answer is allocate's to the bit (tests/test_smallpool.py compares
 them on random pools). Two steps stay numpy's own: the fixed terms (memoized per
 statistics, :class:`~coordinator.core.policy.FixedMemo`) and log1p, whose numpy loop is
@@ -24,7 +24,8 @@ import numpy as np
 
 from coordinator.core.cofailure import Dependence
 from coordinator.core.params import PolicyParams
-from coordinator.core.policy import CandidateArrays, allocate
+from coordinator.core.percentiles import median
+from coordinator.core.policy import CandidateArrays
 from schemas.enums import StopReason
 
 # Largest pool decided in floats. The float loops grow with the pool and numpy's cost
@@ -47,28 +48,17 @@ class Choice:
     r_minus: tuple[float, ...]
 
 
-def choose(
-    stats: CandidateArrays, params: PolicyParams, dependence: Dependence | None = None
-) -> Choice:
-    """:func:`~coordinator.core.policy.allocate`'s decision on ``stats``, the same floats;
-    in floats for a pool of up to :data:`SMALL_POOL` candidates decided without failure
-    domains, else from allocate itself. Like allocate, the caller validates once at the
-    boundary (policy.validate)."""
-    n = len(stats)
-    if n > SMALL_POOL or (params.use_dependence and dependence):
-        a = allocate(stats, params, dependence)
-        m = a.members
-        return Choice(
-            tuple(m.tolist()), a.p_success, a.stop, tuple(a.u_plus[m].tolist()),
-            tuple(a.r_minus[m].tolist()),
-        )  # fmt: skip
-    return in_floats(stats, params)
+def in_floats_applies(n: int, params: PolicyParams, dependence: Dependence | None) -> bool:
+    """Whether a pool of ``n`` candidates is decided in floats: up to :data:`SMALL_POOL`
+    candidates, without failure domains (those are coordinator.core.joint's rule)."""
+    return n <= SMALL_POOL and not (params.use_dependence and dependence)
 
 
 def in_floats(stats: CandidateArrays, params: PolicyParams) -> Choice:
-    """allocate's decision without failure domains, worked out in floats (any pool size:
-    :func:`choose` takes this path up to :data:`SMALL_POOL`; bench/rtplan.py times it at
-    every size)."""
+    """allocate's decision without failure domains, worked out in floats, the same floats
+    (any pool size: a plan takes this path when :func:`in_floats_applies`; bench/rtplan.py
+    times it at every size). Like allocate, the caller validates once at the boundary
+    (policy.validate)."""
     n = len(stats)
     fixed = stats.fixed.get(stats, params)
     u_num: list[float] = fixed.u_num.tolist()
@@ -98,25 +88,15 @@ def _u_plus(
 ) -> list[float]:
     """U⁺ = u_num / D per candidate, as policy._terms works it out."""
     if not params.use_env:
-        return [u / 1.0 for u in u_num]  # D = 1 (the w/o Env ablation)
+        return u_num  # D = 1 (the w/o Env ablation): U⁺ is its numerator
     t_proc: list[float] = stats.t_proc_s.tolist()
     size: list[float] = stats.bytes.tolist()
     T = [t + b / bw for t, b, bw in zip(t_proc, size, eff_bw, strict=True)]
     if params.use_rtt and stats.rtt_s is not None:
         T = [t + r for t, r in zip(T, stats.rtt_s.tolist(), strict=True)]
-    t0 = _median(T)
+    t0 = median(T)  # a list's: statistics.median, the same float as the array's
     if t0 > 0:
         C: list[float] = np.log1p([t / t0 for t in T]).tolist()
     else:
         C = [0.0] * len(T)
     return [u / (1.0 + params.eta * c) for u, c in zip(u_num, C, strict=True)]
-
-
-def _median(values: list[float]) -> float:
-    """coordinator.core.percentiles.median of an array, on a list: the middle value, or
-    half the sum of the two middle ones."""
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[mid]
-    return 0.5 * (ordered[mid - 1] + ordered[mid])

@@ -20,8 +20,6 @@ import math
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from coordinator.config import HacoSettings
 from coordinator.core.cofailure import CoFailure
 from coordinator.core.evidence import payload_bytes
@@ -86,7 +84,6 @@ class Coordinator:
         params: PolicyParams | None = None,
         profile_settings: ProfileSettings | None = None,
         clock: Clock = time.time,
-        rng: np.random.Generator | None = None,
         new_id: Callable[[], str] = hex_id,
     ) -> None:
         self.pool = pool
@@ -98,7 +95,6 @@ class Coordinator:
         self.params = params or PolicyParams()
         self.profile_settings = profile_settings or ProfileSettings()
         self.clock = clock
-        self.rng = rng or np.random.default_rng()
         self.new_id = new_id
         # Liveness (issue 8): queue waits behind the start timeout, lost members' records.
         self.waits = QueueWaits(settings.start_wait_window)
