@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.table import Table
 
-from bench import hotpath_goals, rtbench, rtgrowth, rtplan, rttail
+from bench import hotpath_goals, rtbench, rtgrowth, rtoverhead, rtplan, rttail
 from bench.console import err, show
 from bench.hotpath_goals import GOALS
 from bench.machine import after, machine, server_info
@@ -56,7 +56,7 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
     floor = summary_ms(echo_floor(svc.url, n))
     svc.start_bare()
     svc.start_haco((ZONE, ZONE2))
-    measured = rtbench.overhead(svc, n)
+    measured = rtoverhead.overhead(svc, n)
     bare, one, two = (measured[k] for k in ("bare_celery_roundtrip", "haco_1", "haco_2"))
     res: dict[str, Any] = {"n": n, "floor_echo": floor, **measured}
     res["goals"] = hotpath_goals.overhead_goals(res)

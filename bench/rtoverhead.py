@@ -1,0 +1,186 @@
+"""The dispatch overhead of bench/runtime.py (``overhead``): sequential calls of bare
+Celery and of HACO with one and two members, in interleaved blocks, each group's latency
+less its fastest member's own, its stages, and each block's samples for the goals'
+intervals (bench/hotpath_goals.py).
+
+Every call has a deadline: nothing here can run unbounded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from bench.bare_celery import create_bare_app, send_echo
+from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
+from bench.rtlib import (
+    READY_TIMEOUT_S,
+    ZONE2,
+    Marks,
+    Services,
+    own_latency,
+    read_traces,
+    summary_ms,
+    timed_client,
+)
+from coordinator.core.percentiles import interpolated, median
+from coordinator.runtime.client import HacoClient
+
+
+def _breakdown(t0: float, t1: float, gid: str, m: dict[str, Any], marks: Marks) -> dict[str, float]:
+    """Consecutive stages of one group (they add up to its latency), for member ``m``."""
+    sent = marks.sent[gid]
+    first = min(s for s, _ in sent.values())
+    woke = marks.woke.get(gid, t1)
+    return {
+        "plan": first - t0,  # profiles, delay window, decision, group open, budget earn
+        "dispatch": m["started_at_s"] - first,  # send_task(s) → broker → worker → task start
+        "backend": own_latency(m),  # the member's own latency
+        "reply": woke - m["finished_at_s"],  # report, LPUSH, BRPOP wake-up
+        "finish": t1 - woke,  # verdict, group state, metrics, winner claim
+        "(send_task call)": sent[m["rank"]][1] - sent[m["rank"]][0],  # inside dispatch
+    }
+
+
+Row = tuple[str, float, float, float, str]  # group id, caller's start and end, latency_s, winner
+OVERHEAD_ROUNDS = 10  # blocks per system, interleaved: a slow spell falls on each alike
+TWO_MEMBERS = {**HEDGED, "launch_mode": "parallel"}
+
+
+def _haco_calls(client: HacoClient, role: str, n: int, opts: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for _ in range(n):
+        t0 = time.time()
+        res = client.invoke(role, "x", deadline_s=CALL_DEADLINE_S, **opts)
+        rows.append((res.group_id, t0, time.time(), res.latency_s, res.winner_id or ""))
+    return rows
+
+
+def _bare_calls(app: Any, r: redis.Redis, n: int) -> list[float]:
+    out: list[float] = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        send_echo(app, "bench:bare:lat", str(i))
+        if r.brpop(["bench:bare:lat"], timeout=READY_TIMEOUT_S) is None:
+            raise RuntimeError("bare worker silent")
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+Started = tuple[float, list[dict[str, Any]], str]  # first send, succeeded members, winner
+
+
+def _by_start(groups: list[Started]) -> dict[str, Any] | None:
+    """The members of multi-member groups in the order they started (``groups``: each
+    group's first send, its succeeded members and its winner): each one's start after
+    the send and own latency at p50, and how often the first to start was the fastest
+    and the winner."""
+    multi = [(f, sorted(ms, key=lambda m: m["started_at_s"]), w) for f, ms, w in groups]
+    multi = [(f, ms, w) for f, ms, w in multi if len(ms) > 1]
+    if not multi:
+        return None
+    size = min(len(ms) for _, ms, _ in multi)
+    order = [
+        {
+            "start_after_send_p50_ms": median([ms[i]["started_at_s"] - f for f, ms, _ in multi])
+            * 1e3,
+            "own_p50_ms": median([own_latency(ms[i]) for _, ms, _ in multi]) * 1e3,
+        }
+        for i in range(size)
+    ]
+    fastest = sum(1 for _, ms, _ in multi if own_latency(ms[0]) <= min(map(own_latency, ms)))
+    won = sum(1 for _, ms, w in multi if ms[0]["member_id"] == w)
+    n = len(multi)
+    return {
+        "groups": n, "members": order, "first_started_fastest": fastest / n,
+        "first_started_won": won / n,
+    }  # fmt: skip
+
+
+def _haco_summary(
+    role: str, rows: list[Row], traces: dict[str, list[dict[str, Any]]], marks: Marks
+) -> dict[str, Any]:
+    """Group latency minus the fastest member's own latency (and minus its drawn backend
+    time alone), and the stages."""
+    e2e, coord, over_e2e, over_coord, beyond = [], [], [], [], []
+    parts: dict[str, list[float]] = {}
+    groups: list[Started] = []
+    missing = 0
+    for gid, t0, t1, lat, winner in rows:
+        done = [m for m in traces.get(gid, []) if m["status"] == "succeeded"]
+        if not done:
+            missing += 1  # its trace is not in the stream (yet): left out
+            continue
+        groups.append((min(s for s, _ in marks.sent[gid].values()), done, winner))
+        m = min(done, key=own_latency)
+        e2e.append(t1 - t0)
+        coord.append(lat)
+        over_e2e.append(t1 - t0 - own_latency(m))
+        over_coord.append(lat - own_latency(m))
+        if drawn := [float(x["proc_latency_s"]) for x in done if x.get("proc_latency_s")]:
+            beyond.append(t1 - t0 - min(drawn))
+        for k, v in _breakdown(t0, t1, gid, m, marks).items():
+            parts.setdefault(k, []).append(v)
+    return {
+        "role": role,
+        "members": len(traces.get(rows[0][0], [])) if rows else 0,
+        "missing_traces": missing,
+        "group_e2e": summary_ms(e2e),
+        "group_coordinator": summary_ms(coord),
+        "overhead": summary_ms(over_e2e),
+        "overhead_coordinator": summary_ms(over_coord),
+        # Less the fastest member's drawn backend time alone (its trace's proc_latency_s):
+        # the member's own latency also holds its start's round trip, its thread's
+        # hand-off and the simulated backend's own work, which this counts as the runtime's.
+        "beyond_draw": summary_ms(beyond) if beyond else None,
+        "breakdown_p50_ms": {k: interpolated(v, 50)[0] * 1e3 for k, v in parts.items()},
+        "breakdown_p99_ms": {k: interpolated(v, 99)[0] * 1e3 for k, v in parts.items()},
+        "by_start_order": _by_start(groups),
+    }
+
+
+def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, Any]:
+    """Sequential calls of bare Celery (send_task → the worker's LPUSH → BRPOP) and of
+    HACO with one member, two members in one zone (one worker runs both) and, when
+    ``svc`` runs a worker in ZONE2 too, two members in two zones (a worker each), ``n``
+    each, in ``rounds`` interleaved blocks (bare, one, two, …): compared side by side in
+    time, not one after the other, so a slow spell of the machine weighs on each alike."""
+    client, marks = timed_client(svc.url)
+    app = create_bare_app(svc.url)
+    r = svc.app_redis
+    bare: list[float] = []
+    rows: dict[str, list[Row]] = {"one": [], "two": []}
+    if ZONE2 in svc.stack.workers:
+        rows["two-zones"] = []
+    opts = {"one": {}, "two": TWO_MEMBERS, "two-zones": TWO_MEMBERS}
+    try:
+        for role in rows:
+            wait_ready(client, role, svc)
+            for _ in range(20):
+                client.invoke(role, "warm", deadline_s=CALL_DEADLINE_S, **opts[role])
+        try:
+            _bare_calls(app, r, 20)  # warm
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}\n{svc.log_tail('bare')}") from exc
+        since = int(time.time() * 1000)
+        sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
+        for size in sizes:
+            bare += _bare_calls(app, r, size)
+            for role in rows:
+                rows[role] += _haco_calls(client, role, size, opts[role])
+        time.sleep(0.3)  # losers still report
+    finally:
+        client.close()
+        app.close()
+    traces = read_traces(svc.app_redis, since)
+    out = {
+        "rounds": rounds,
+        "bare_celery_roundtrip": summary_ms(bare),
+        "haco_1": _haco_summary("one", rows["one"], traces, marks),
+        "haco_2": _haco_summary("two", rows["two"], traces, marks),
+    }
+    if "two-zones" in rows:
+        out["haco_2_zones"] = _haco_summary("two-zones", rows["two-zones"], traces, marks)
+    return out
