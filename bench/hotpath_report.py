@@ -44,6 +44,7 @@ from bench.hotpath_tables import (
     planning_section,
     report_script_section,
     results,
+    span,
     table,
     times,
 )
@@ -79,7 +80,8 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
                 f"p50 ≤ {GOALS['overhead_p50_over_bare_p50']}× bare p50 ({num(p50_goal)}), "
                 f"p99 ≤ bare p99 ({num(p99_goal)})",
                 f"{met(g['haco_1'])} ({times(g['overhead_p50_over_bare_p50'])} · "
-                f"{times(g['overhead_p99_over_bare_p99'])} of bare)",
+                f"{times(g['overhead_p99_over_bare_p99'])} of bare"
+                f"{_blocks(g, 'one_over_bare', ov)})",
             ]
         )
         if (drawn := ov["haco_1"].get("beyond_draw")) is not None:
@@ -103,7 +105,8 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
                 "—",
                 f"p50 and p99 ≤ {GOALS['two_over_one']}× the 1-member figure",
                 f"{met(g['haco_2'])} "
-                f"({times(g['two_over_one_p50'])} · {times(g['two_over_one_p99'])})",
+                f"({times(g['two_over_one_p50'])} · {times(g['two_over_one_p99'])}"
+                f"{_blocks(g, 'two_over_one', ov)})",
             ]
         )
         if "haco_2_zones" in ov:
@@ -170,6 +173,14 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
 
 def _over(a: float, b: float) -> float | None:
     return a / b if b else None
+
+
+def _blocks(g: Json, ratio: str, ov: Json) -> str:
+    """An overhead ratio's 90% intervals (p50 · p99) over the run's blocks, if measured."""
+    p50, p99 = g.get(f"{ratio}_p50_ci90"), g.get(f"{ratio}_p99_ci90")
+    if p50 is None and p99 is None:
+        return ""
+    return f"; 90% interval {span(p50)} · {span(p99)} over the {ov.get('rounds')} blocks"
 
 
 def _interval(g: Json) -> str:

@@ -42,6 +42,11 @@ def times(r: float | None) -> str:
     return "—" if r is None else f"{r:.2f}×"
 
 
+def span(ci: Sequence[float] | None) -> str:
+    """A ratio's interval, as ``0.74×–0.85×``; "—" when not measured."""
+    return "—" if ci is None else f"{times(ci[0])}–{times(ci[1])}"
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     return out + ["| " + " | ".join(r) + " |" for r in rows]

@@ -99,9 +99,31 @@ def _by_start(groups: list[Started]) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
-def _haco_summary(
-    role: str, rows: list[Row], traces: dict[str, list[dict[str, Any]]], marks: Marks
-) -> dict[str, Any]:
+Traces = dict[str, list[dict[str, Any]]]  # group id → its members' traces
+
+
+def _succeeded(gid: str, traces: Traces) -> list[dict[str, Any]]:
+    return [m for m in traces.get(gid, []) if m["status"] == "succeeded"]
+
+
+def _overhead_ms(row: Row, traces: Traces) -> float | None:
+    """One call's overhead: its group's latency less its fastest member's own, ms; None:
+    no member's trace is in the stream (left out, as :func:`_haco_summary` leaves it)."""
+    gid, t0, t1 = row[:3]
+    done = _succeeded(gid, traces)
+    return (t1 - t0 - min(map(own_latency, done))) * 1e3 if done else None
+
+
+def _blocks(sizes: list[int], values: list[float | None]) -> list[list[float]]:
+    """``values``, in call order, cut into the run's blocks (``sizes``), the missing left out."""
+    out, i = [], 0
+    for size in sizes:
+        out.append([v for v in values[i : i + size] if v is not None])
+        i += size
+    return out
+
+
+def _haco_summary(role: str, rows: list[Row], traces: Traces, marks: Marks) -> dict[str, Any]:
     """Group latency minus the fastest member's own latency (and minus its drawn backend
     time alone), and the stages."""
     e2e, coord, over_e2e, over_coord, beyond = [], [], [], [], []
@@ -109,7 +131,7 @@ def _haco_summary(
     groups: list[Started] = []
     missing = 0
     for gid, t0, t1, lat, winner in rows:
-        done = [m for m in traces.get(gid, []) if m["status"] == "succeeded"]
+        done = _succeeded(gid, traces)
         if not done:
             missing += 1  # its trace is not in the stream (yet): left out
             continue
@@ -183,4 +205,14 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
     }
     if "two-zones" in rows:
         out["haco_2_zones"] = _haco_summary("two-zones", rows["two-zones"], traces, marks)
+    # Each block's samples, ms, for the goals' intervals (hotpath_goals.overhead_goals):
+    # which spells of the machine a run gets moves its ratios, and the blocks show how far.
+    names = {"one": "haco_1", "two": "haco_2", "two-zones": "haco_2_zones"}
+    out["blocks_ms"] = {
+        "bare_celery_roundtrip": _blocks(sizes, [x * 1e3 for x in bare]),
+        **{
+            names[k]: _blocks(sizes, [_overhead_ms(row, traces) for row in v])
+            for k, v in rows.items()
+        },
+    }
     return out

@@ -28,6 +28,7 @@ from rich.table import Table
 from bench import hotpath_goals, rtbench, rtgrowth, rtoverhead, rtplan, rttail
 from bench.console import err, show
 from bench.hotpath_goals import GOALS
+from bench.hotpath_tables import span, times
 from bench.machine import after, machine, server_info
 from bench.rtlib import ZONE, ZONE2, Services, echo_floor, echo_peer, summary_ms
 
@@ -97,6 +98,7 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
             ),
         )
     show(b)
+    _print_intervals(res["goals"], measured["rounds"])
     for name, r in variants:
         if (order := r.get("by_start_order")) is not None:
             members = "; ".join(
@@ -110,6 +112,16 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
                 f"{order['first_started_won']:.0%}"
             )
     return res
+
+
+def _print_intervals(g: dict[str, Any], rounds: int) -> None:
+    """The overhead goals' ratios with their 90% intervals over the run's blocks."""
+    for label, point, ci in (
+        ("1 member / bare Celery", "overhead_p{q}_over_bare_p{q}", "one_over_bare_p{q}_ci90"),
+        ("2 members / 1 member", "two_over_one_p{q}", "two_over_one_p{q}_ci90"),
+    ):
+        parts = [f"{times(g[point.format(q=q)])} ({span(g.get(ci.format(q=q)))})" for q in (50, 99)]
+        err.print(f"{label}, p50 · p99: {' · '.join(parts)}, 90% intervals over {rounds} blocks")
 
 
 def run_throughput(svc: Services, args: argparse.Namespace) -> dict[str, Any]:

@@ -1,0 +1,95 @@
+"""The dispatch overhead's ratios with their intervals over a run's interleaved blocks
+(bench/hotpath_goals.py ``blocks_ratio_ci90``, bench/rtoverhead.py's blocks), and the
+report's verdict cells that show them."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from test_hotpath_report import DOC, RUNTIME, _block, _row, _write
+
+from bench.hotpath_goals import blocks_ratio_ci90, overhead_goals
+from bench.hotpath_report import main
+from bench.rtoverhead import _blocks, _overhead_ms
+
+# Ten blocks whose level moves by a factor of three between spells of the machine.
+SPELLS = [1.0, 3.0, 1.2, 2.5, 1.0, 1.8, 2.9, 1.1, 1.5, 2.0]
+
+
+def _spread(level: float, n: int = 50) -> list[float]:
+    return [level * (1.0 + 0.01 * i) for i in range(n)]
+
+
+def test_a_ratio_the_same_in_every_block_has_no_width_however_the_spells_move() -> None:
+    den = [_spread(s) for s in SPELLS]
+    num = [[0.8 * x for x in b] for b in den]
+    for q in (50, 99):
+        ci = blocks_ratio_ci90(num, den, q)
+        assert ci == pytest.approx([0.8, 0.8])
+    # Unpaired, the same spells would make a wide interval: the pairing is what removes
+    # them (block i of each was measured in the same spell).
+    shuffled = [den[(i + 1) % len(den)] for i in range(len(den))]
+    wide = blocks_ratio_ci90(num, shuffled, 50)
+    assert wide is not None and wide[1] - wide[0] > 0.1
+
+
+def test_the_interval_spans_the_blocks_ratios_and_holds_the_runs_own() -> None:
+    den = [_spread(1.0) for _ in SPELLS]
+    num = [_spread(0.7 if i % 2 else 0.9) for i in range(len(SPELLS))]
+    lo, hi = blocks_ratio_ci90(num, den, 50) or (None, None)
+    assert lo is not None and hi is not None
+    assert 0.7 <= lo < 0.8 < hi <= 0.9
+    assert blocks_ratio_ci90(num, den, 50, seed=1) != blocks_ratio_ci90(num, den, 50, seed=2)
+    assert blocks_ratio_ci90(num, den, 50, seed=3) == blocks_ratio_ci90(num, den, 50, seed=3)
+
+
+@pytest.mark.parametrize(
+    ("num", "den"),
+    [([[1.0]], [[2.0]]), ([[1.0], []], [[2.0], [2.0]]), ([], [])],
+    ids=["one block", "an empty block", "none"],
+)
+def test_too_few_blocks_or_an_empty_one_give_no_interval(
+    num: list[list[float]], den: list[list[float]]
+) -> None:
+    assert blocks_ratio_ci90(num, den, 50) is None
+
+
+def test_the_bench_cuts_its_calls_into_blocks_leaving_out_calls_without_a_trace() -> None:
+    ok = {"status": "succeeded", "started_at_s": 10.0, "finished_at_s": 10.25}
+    slow = {"status": "succeeded", "started_at_s": 10.0, "finished_at_s": 10.5}
+    failed = {"status": "failed", "started_at_s": 10.0, "finished_at_s": 10.01}
+    traces = {"g1": [slow, ok, failed], "g2": [failed]}
+    # The group's latency less its fastest succeeded member's own: 1.0 − 0.25 s.
+    assert _overhead_ms(("g1", 100.0, 101.0, 1.0, ""), traces) == pytest.approx(750.0)
+    assert _overhead_ms(("g2", 100.0, 101.0, 1.0, ""), traces) is None
+    assert _overhead_ms(("g3", 100.0, 101.0, 1.0, ""), traces) is None
+    assert _blocks([2, 3, 1], [1.0, None, 2.0, 3.0, 4.0, None]) == [[1.0], [2.0, 3.0, 4.0], []]
+
+
+def test_the_goals_and_the_report_give_each_ratio_its_interval(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    assert "one_over_bare_p50_ci90" not in overhead_goals(RUNTIME["results"]["overhead"])
+    main(_write(tmp_path, RUNTIME))  # no blocks in the run: no interval shown
+    assert "90% interval" not in _row(_block(doc.read_text(encoding="utf-8")), "dispatch")
+    res = copy.deepcopy(RUNTIME)
+    ov = res["results"]["overhead"]
+    bare = [_spread(2.0 * s) for s in SPELLS]
+    ov["rounds"] = len(SPELLS)
+    ov["blocks_ms"] = {
+        "bare_celery_roundtrip": bare,
+        "haco_1": [[0.5 * x for x in b] for b in bare],
+        "haco_2": [[0.55 * x for x in b] for b in bare],
+    }
+    g = overhead_goals(ov)
+    assert g["haco_1"] is True  # the verdict is the run's own ratio, as before
+    assert g["one_over_bare_p50_ci90"] == pytest.approx([0.5, 0.5])
+    assert g["two_over_one_p99_ci90"] == pytest.approx([1.1, 1.1])
+    main(_write(tmp_path, res))
+    block = _block(doc.read_text(encoding="utf-8"))
+    one = _row(block, "dispatch overhead, 1 member")
+    assert "90% interval 0.50×–0.50× · 0.50×–0.50× over the 10 blocks" in one
+    two = _row(block, "dispatch overhead, 2 members")
+    assert "90% interval 1.10×–1.10× · 1.10×–1.10× over the 10 blocks" in two
