@@ -12,8 +12,8 @@ every member at t = 0; ``staggered`` starts rank 0 at once and the next rank whe
 launched member has failed or the hedge delay passes with no success
 (:func:`coordinator.core.stagger.schedule`). ``cancel_losers`` stops members still
 running once the winner is certain: a cancelled member is no observation, and its tokens
-count up to the cut (:func:`cut_tokens`). The evaluator's ``best`` rule (MoA) always runs
-parallel and in full.
+count up to the cut (:func:`sim.memberdraw.cut_tokens`). The evaluator's ``best`` rule
+(MoA) always runs parallel and in full.
 
 Random streams: the main generator draws the decision, every member's call (launched or
 not, so that launch modes see the same outcomes) and the evaluator's noise, exactly as
@@ -46,9 +46,10 @@ from coordinator.core.profiles import (
 from coordinator.core.stagger import Attempt, schedule
 from coordinator.core.winner import Report, resolve
 from coordinator.errors import InputError
-from schemas.enums import FailureKind, LaunchMode, MemberStatus, WinnerMode
-from schemas.models import Candidate, MemberTrace
+from schemas.enums import LaunchMode, WinnerMode
+from schemas.models import Candidate
 from sim.candidates import CallDraw, link_observations
+from sim.memberdraw import clip, cut_tokens, sim_trace
 from sim.workflow import Invocation, StepResult
 from sim.world import SimWorld
 
@@ -201,7 +202,7 @@ class Simulation:
         reading), with both legs of the call as the caller measured them. ``late``: the
         member finished after the group's deadline (a success then is a timeout, as the
         winner rule and the live runtime count it)."""
-        trace = _trace(cand, self.world.caller_zone, draw, judged, at_s, late)
+        trace = sim_trace(cand, self.world.caller_zone, draw, judged, at_s, late)
         net = self.world.scenario.network
         obs, legs = observations(trace, link_observations(draw, at_s, net))
         if obs is not None:
@@ -222,7 +223,7 @@ class Simulation:
         draws = [self.world.call(c, inv.request_bytes, self.rng, ctx) for c in chosen]
         noise = self.world.judge_noise()
         judged: list[float | None] = [
-            None if d.quality is None else _clip(d.quality + noise * self.rng.standard_normal())
+            None if d.quality is None else clip(d.quality + noise * self.rng.standard_normal())
             for d in draws
         ]
         # Whether each successful output is a qualified answer (u < its true quality).
@@ -359,63 +360,6 @@ class Simulation:
     def finish(self) -> None:
         """Let every background member complete (their traces still count)."""
         self.events.run_until(math.inf)
-
-
-def _trace(
-    cand: Candidate,
-    caller_zone: str,
-    draw: CallDraw,
-    judged: float | None,
-    at_s: float,
-    late: bool = False,
-) -> MemberTrace:
-    """The trace a worker would write for a simulated call (workers.backends.simulated
-    maps a draw the same way). Validation is skipped: the draw is consistent by
-    construction, and the simulator makes many.
-
-    A ``late`` member (finished after the deadline) that would have succeeded is a
-    ``TIMEOUT``, what the live runtime records for a member with no report by the
-    deadline (coordinator.runtime.liveness): a service failure, with no quality and no
-    processing latency of a success. Its link legs are read as measured all the same."""
-    req = draw.request
-    timed_out = late and draw.failure is None
-    failure = FailureKind.TIMEOUT if timed_out else draw.failure
-    ok = failure is None
-    status = MemberStatus.SUCCEEDED if ok else MemberStatus.FAILED
-    delivered = not req.lost
-    return MemberTrace.model_construct(
-        invocation_id="", member_id="", candidate_id=cand.id, role=cand.role,
-        model=cand.model, zone=cand.zone, caller_zone=caller_zone, rank=0, u_plus=0.0,
-        r_minus=0.0, group_id="", started_at_s=max(0.0, at_s - draw.total_s),
-        finished_at_s=at_s, status=MemberStatus.TIMED_OUT if timed_out else status,
-        failure_kind=failure, failure_reason=None, success=ok,
-        quality=judged if ok else None, latency_s=draw.total_s,
-        proc_latency_s=None if timed_out else draw.proc_latency_s, tokens_in=draw.tokens_in,
-        tokens_out=draw.tokens_out, bytes_sent=int(req.bytes),
-        rtt_s=req.t_path_s if delivered else None,
-        bandwidth_Bps=req.bytes / req.t_tx_s if delivered and req.t_tx_s else None,
-        lost=req.lost or (draw.response is not None and draw.response.lost),
-    )  # fmt: skip
-
-
-def _clip(x: float) -> float:
-    return 0.0 if x < 0.0 else min(x, 1.0)
-
-
-def cut_tokens(draw: CallDraw, elapsed_s: float) -> int:
-    """Tokens a member cancelled ``elapsed_s`` after its launch has cost. Its input
-    tokens count once the request has arrived (the request leg's time has passed);
-    its output tokens in proportion to the processing done by then (all of them once
-    processing is over and the response is on its way; none for a call that fails, which
-    produces no output). The rule assumes output streams evenly over processing."""
-    arrived_s = draw.request.t_net_s
-    if draw.request.lost or elapsed_s < arrived_s:
-        return 0
-    proc = draw.proc_latency_s
-    if not draw.tokens_out or proc is None:
-        return draw.tokens_in
-    done = 1.0 if proc <= 0.0 else min(1.0, (elapsed_s - arrived_s) / proc)
-    return draw.tokens_in + round(draw.tokens_out * done)
 
 
 def _bind(

@@ -37,7 +37,8 @@ from schemas.enums import FailureKind, MemberStatus
 from schemas.models import link_key
 from schemas.scenario import LognormalLatency, NetworkSpec
 from sim.candidates import CallDraw, SimModel, link_observations, simulate_call
-from sim.engine import Simulation, _trace
+from sim.engine import Simulation
+from sim.memberdraw import sim_trace
 from sim.network import LinkState
 from sim.runner import build_method, pools_for
 from sim.scenario import load_builtin
@@ -219,7 +220,7 @@ def test_a_late_success_is_harvested_as_a_timeout_with_its_link_legs() -> None:
         "haco", scenario, PolicyParams()), np.random.default_rng(0))  # fmt: skip
     cand = next(c for c in scenario.candidates if c.id == "coder-global-1")
     draw = _success(world, cand.id)
-    trace = _trace(cand, "local", draw, 0.9, 200.0, late=True)
+    trace = sim_trace(cand, "local", draw, 0.9, 200.0, late=True)
     assert trace.failure_kind is FailureKind.TIMEOUT and trace.status is MemberStatus.TIMED_OUT
     assert trace.quality is None and trace.proc_latency_s is None and not trace.success
     obs, _ = observations(trace)

@@ -23,7 +23,8 @@ from schemas.models import Candidate
 from schemas.scenario import Scenario
 from sim import runner
 from sim.candidates import CallDraw
-from sim.engine import SimOptions, Simulation, cut_tokens
+from sim.engine import SimOptions, Simulation
+from sim.memberdraw import cut_tokens
 from sim.network import Transmission
 from sim.scenario import load_builtin
 from sim.workflow import Invocation, State
