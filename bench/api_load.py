@@ -30,112 +30,25 @@ import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import httpx
-import uvicorn
 from rich.table import Table
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from bench.api import free_port
 from bench.console import show
 from bench.machine import machine
+from bench.openai_backend import START_TIMEOUT_S, Backend
 from bench.rtlib import BenchStack, Services, summary_ms
 
 ZONE = "local"
 KEY_ENV = "HACO_BENCH_KEY"
-WORDS = ["The", "quick", "brown", "fox", "jumps"]
 WARMUP = 10
-START_TIMEOUT_S = 30.0
 DEADLINE_S = 60.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
-USAGE = {"prompt_tokens": 11, "completion_tokens": len(WORDS), "total_tokens": 16}
-
-
-def chunk(model: str, delta: dict[str, Any], usage: bool = False) -> bytes:
-    obj: dict[str, Any] = {"id": "chatcmpl-bench", "object": "chat.completion.chunk"}
-    obj["model"] = model
-    obj["choices"] = [] if usage else [{"index": 0, "delta": delta, "finish_reason": None}]
-    if usage:
-        obj["usage"] = USAGE
-    return f"data: {json.dumps(obj)}\n\n".encode()
-
-
-class Backend:
-    """The OpenAI-protocol backend: ``fast`` at once, ``slow`` after ``hold_s``."""
-
-    def __init__(self, hold_s: float) -> None:
-        self.hold_s = hold_s
-        self.inflight = 0
-        self.peak = 0
-        self.calls = 0
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        app = Starlette(routes=[Route("/v1/chat/completions", self.complete, methods=["POST"])])
-        config = uvicorn.Config(
-            app,
-            port=port,
-            log_level="warning",
-            ws="none",
-            backlog=4096,
-            lifespan="off",
-            timeout_keep_alive=300,
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    async def complete(self, request: Request) -> Response:
-        body = await request.json()
-        model = str(body.get("model", "fast"))
-        self.calls += 1
-        self.inflight += 1
-        self.peak = max(self.peak, self.inflight)
-        try:
-            if model == "slow":
-                await asyncio.sleep(self.hold_s)
-        finally:
-            self.inflight -= 1
-        if not body.get("stream"):
-            msg = {"role": "assistant", "content": " ".join(WORDS)}
-            return JSONResponse(
-                {
-                    "id": "chatcmpl-bench",
-                    "object": "chat.completion",
-                    "model": model,
-                    "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
-                    "usage": USAGE,
-                }
-            )
-
-        async def events() -> AsyncIterator[bytes]:
-            for i, word in enumerate(WORDS):
-                yield chunk(model, {"content": word if i == 0 else " " + word})
-            yield chunk(model, {})
-            yield chunk(model, {}, usage=True)
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    def __enter__(self) -> Backend:
-        self.thread.start()
-        end = time.monotonic() + START_TIMEOUT_S
-        while not self.server.started:
-            if time.monotonic() > end:
-                raise RuntimeError("the backend did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=START_TIMEOUT_S)
 
 
 def write_pool(folder: Path, backend: Backend) -> Path:
