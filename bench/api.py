@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import httpx
 import uvicorn
@@ -51,7 +51,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class Server:
+class ThreadedUvicorn:
+    """A uvicorn server in a thread of this process: ready inside ``with``, stopped after
+    (within ``start_timeout_s`` each way)."""
+
+    name = "uvicorn"
+
+    def __init__(self, config: uvicorn.Config, start_timeout_s: float, daemon: bool) -> None:
+        self.start_timeout_s = start_timeout_s
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=daemon)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        end = time.monotonic() + self.start_timeout_s
+        while not self.server.started:
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.name} did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=self.start_timeout_s)
+
+
+class Server(ThreadedUvicorn):
     """uvicorn on a free port of 127.0.0.1, in a thread."""
 
     def __init__(self, client: HacoClient, settings: HacoSettings) -> None:
@@ -60,21 +85,7 @@ class Server:
         config = uvicorn.Config(
             create_app(settings, client), port=port, log_level="warning", ws="none"
         )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run)
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        end = time.monotonic() + START_TIMEOUT_S
-        while not self.server.started:
-            if time.monotonic() > end:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=START_TIMEOUT_S)
+        super().__init__(config, START_TIMEOUT_S, daemon=False)
 
 
 class LoopThread:

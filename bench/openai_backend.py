@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bench.api import free_port
+from bench.api import ThreadedUvicorn, free_port
 
 WORDS = ["The", "quick", "brown", "fox", "jumps"]
 USAGE = {"prompt_tokens": 11, "completion_tokens": len(WORDS), "total_tokens": 16}
@@ -34,8 +32,10 @@ def chunk(model: str, delta: dict[str, Any], usage: bool = False) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-class Backend:
+class Backend(ThreadedUvicorn):
     """The OpenAI-protocol backend: ``fast`` at once, ``slow`` after ``hold_s``."""
+
+    name = "the backend"
 
     def __init__(self, hold_s: float) -> None:
         self.hold_s = hold_s
@@ -54,8 +54,7 @@ class Backend:
             lifespan="off",
             timeout_keep_alive=300,
         )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        super().__init__(config, START_TIMEOUT_S, daemon=True)
 
     async def complete(self, request: Request) -> Response:
         body = await request.json()
@@ -88,16 +87,3 @@ class Backend:
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
-
-    def __enter__(self) -> Backend:
-        self.thread.start()
-        end = time.monotonic() + START_TIMEOUT_S
-        while not self.server.started:
-            if time.monotonic() > end:
-                raise RuntimeError("the backend did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=START_TIMEOUT_S)
