@@ -9,6 +9,7 @@ Every call has a deadline: nothing here can run unbounded.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -106,27 +107,30 @@ def _succeeded(gid: str, traces: Traces) -> list[dict[str, Any]]:
     return [m for m in traces.get(gid, []) if m["status"] == "succeeded"]
 
 
-def _overhead_ms(row: Row, traces: Traces) -> float | None:
-    """One call's overhead: its group's latency less its fastest member's own, ms; None:
-    no member's trace is in the stream (left out, as :func:`_haco_summary` leaves it)."""
+def _overhead_s(row: Row, traces: Traces) -> float | None:
+    """One call's overhead: its group's latency less its fastest member's own; None: no
+    member's trace is in the stream (the call is left out)."""
     gid, t0, t1 = row[:3]
     done = _succeeded(gid, traces)
-    return (t1 - t0 - min(map(own_latency, done))) * 1e3 if done else None
+    return t1 - t0 - min(map(own_latency, done)) if done else None
 
 
-def _blocks(sizes: list[int], values: list[float | None]) -> list[list[float]]:
-    """``values``, in call order, cut into the run's blocks (``sizes``), the missing left out."""
+def _blocks(sizes: list[int], values_s: Sequence[float | None]) -> list[list[float]]:
+    """``values_s``, in call order, cut into the run's blocks (``sizes``) in ms, the
+    missing left out."""
     out, i = [], 0
     for size in sizes:
-        out.append([v for v in values[i : i + size] if v is not None])
+        out.append([v * 1e3 for v in values_s[i : i + size] if v is not None])
         i += size
     return out
 
 
-def _haco_summary(role: str, rows: list[Row], traces: Traces, marks: Marks) -> dict[str, Any]:
-    """Group latency minus the fastest member's own latency (and minus its drawn backend
-    time alone), and the stages."""
-    e2e, coord, over_e2e, over_coord, beyond = [], [], [], [], []
+def _haco_summary(
+    role: str, rows: list[Row], over: list[float | None], traces: Traces, marks: Marks
+) -> dict[str, Any]:
+    """Group latency minus the fastest member's own latency (``over``, each call's
+    :func:`_overhead_s`; and minus its drawn backend time alone), and the stages."""
+    e2e, coord, over_coord, beyond = [], [], [], []
     parts: dict[str, list[float]] = {}
     groups: list[Started] = []
     missing = 0
@@ -139,7 +143,6 @@ def _haco_summary(role: str, rows: list[Row], traces: Traces, marks: Marks) -> d
         m = min(done, key=own_latency)
         e2e.append(t1 - t0)
         coord.append(lat)
-        over_e2e.append(t1 - t0 - own_latency(m))
         over_coord.append(lat - own_latency(m))
         if drawn := [float(x["proc_latency_s"]) for x in done if x.get("proc_latency_s")]:
             beyond.append(t1 - t0 - min(drawn))
@@ -151,7 +154,7 @@ def _haco_summary(role: str, rows: list[Row], traces: Traces, marks: Marks) -> d
         "missing_traces": missing,
         "group_e2e": summary_ms(e2e),
         "group_coordinator": summary_ms(coord),
-        "overhead": summary_ms(over_e2e),
+        "overhead": summary_ms([x for x in over if x is not None]),
         "overhead_coordinator": summary_ms(over_coord),
         # Less the fastest member's drawn backend time alone (its trace's proc_latency_s):
         # the member's own latency also holds its start's round trip, its thread's
@@ -197,22 +200,13 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
         client.close()
         app.close()
     traces = read_traces(svc.app_redis, since)
-    out = {
-        "rounds": rounds,
-        "bare_celery_roundtrip": summary_ms(bare),
-        "haco_1": _haco_summary("one", rows["one"], traces, marks),
-        "haco_2": _haco_summary("two", rows["two"], traces, marks),
-    }
-    if "two-zones" in rows:
-        out["haco_2_zones"] = _haco_summary("two-zones", rows["two-zones"], traces, marks)
+    names = {"one": "haco_1", "two": "haco_2", "two-zones": "haco_2_zones"}
+    over = {k: [_overhead_s(row, traces) for row in v] for k, v in rows.items()}
+    out: dict[str, Any] = {"rounds": rounds, "bare_celery_roundtrip": summary_ms(bare)}
+    for k, v in rows.items():
+        out[names[k]] = _haco_summary(k, v, over[k], traces, marks)
     # Each block's samples, ms, for the goals' intervals (hotpath_goals.overhead_goals):
     # which spells of the machine a run gets moves its ratios, and the blocks show how far.
-    names = {"one": "haco_1", "two": "haco_2", "two-zones": "haco_2_zones"}
-    out["blocks_ms"] = {
-        "bare_celery_roundtrip": _blocks(sizes, [x * 1e3 for x in bare]),
-        **{
-            names[k]: _blocks(sizes, [_overhead_ms(row, traces) for row in v])
-            for k, v in rows.items()
-        },
-    }
+    out["blocks_ms"] = {"bare_celery_roundtrip": _blocks(sizes, bare)}
+    out["blocks_ms"].update({names[k]: _blocks(sizes, v) for k, v in over.items()})
     return out

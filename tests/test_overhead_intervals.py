@@ -12,7 +12,7 @@ from test_hotpath_report import DOC, RUNTIME, _block, _row, _write
 
 from bench.hotpath_goals import blocks_ratio_ci90, overhead_goals
 from bench.hotpath_report import main
-from bench.rtoverhead import _blocks, _overhead_ms
+from bench.rtoverhead import _blocks, _overhead_s
 
 # Ten blocks whose level moves by a factor of three between spells of the machine.
 SPELLS = [1.0, 3.0, 1.2, 2.5, 1.0, 1.8, 2.9, 1.1, 1.5, 2.0]
@@ -62,10 +62,11 @@ def test_the_bench_cuts_its_calls_into_blocks_leaving_out_calls_without_a_trace(
     failed = {"status": "failed", "started_at_s": 10.0, "finished_at_s": 10.01}
     traces = {"g1": [slow, ok, failed], "g2": [failed]}
     # The group's latency less its fastest succeeded member's own: 1.0 − 0.25 s.
-    assert _overhead_ms(("g1", 100.0, 101.0, 1.0, ""), traces) == pytest.approx(750.0)
-    assert _overhead_ms(("g2", 100.0, 101.0, 1.0, ""), traces) is None
-    assert _overhead_ms(("g3", 100.0, 101.0, 1.0, ""), traces) is None
-    assert _blocks([2, 3, 1], [1.0, None, 2.0, 3.0, 4.0, None]) == [[1.0], [2.0, 3.0, 4.0], []]
+    assert _overhead_s(("g1", 100.0, 101.0, 1.0, ""), traces) == pytest.approx(0.75)
+    assert _overhead_s(("g2", 100.0, 101.0, 1.0, ""), traces) is None
+    assert _overhead_s(("g3", 100.0, 101.0, 1.0, ""), traces) is None
+    blocks = _blocks([2, 3, 1], [0.001, None, 0.002, 0.003, 0.004, None])  # s in, ms out
+    assert blocks == [[pytest.approx(1.0)], pytest.approx([2.0, 3.0, 4.0]), []]
 
 
 def test_the_goals_and_the_report_give_each_ratio_its_interval(tmp_path: Path) -> None:
