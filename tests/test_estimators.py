@@ -21,12 +21,12 @@ import pytest
 from coordinator.core.evidence import PoolMember, build_arrays, link_id
 from coordinator.core.observations import observations
 from coordinator.core.params import PolicyParams, ProfileSettings
+from coordinator.core.profile_merge import merge_link
 from coordinator.core.profiles import (
     MAD_TO_STD,
     LinkObservation,
     LinkProfile,
     Moments,
-    merge_link,
     robust_center_spread,
     update_link,
     update_link_many,

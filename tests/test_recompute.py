@@ -40,6 +40,7 @@ from coordinator.core.observations import (
     observations,
 )
 from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.profile_merge import merge_candidate, merge_link
 from coordinator.core.profiles import (
     CandidateObservation,
     CandidateProfile,
@@ -47,8 +48,6 @@ from coordinator.core.profiles import (
     LinkProfile,
     Moments,
     apply_quality,
-    merge_candidate,
-    merge_link,
     update_candidate,
     update_link,
 )
@@ -689,13 +688,8 @@ def test_the_worker_counts_what_the_recompute_reads_from_its_trace() -> None:
     backend measured); the recompute reads the same trace. ``delivered`` is not traced:
     the reading's inference must agree with what the backend knew."""
     from workers.backends.base import BackendResult
-    from workers.member import (
-        MemberContext,
-        _commit_once,
-        _report,
-        _report_and_harvest,
-        _status,
-    )
+    from workers.member import MemberContext, _commit_once, _report_and_harvest
+    from workers.member_report import member_report, status_of
 
     store = MemoryStore()
     ctx = MemberContext(store=store, backends=lambda t: None, settings=HacoSettings())  # type: ignore[arg-type,return-value]
@@ -722,7 +716,7 @@ def test_the_worker_counts_what_the_recompute_reads_from_its_trace() -> None:
             idempotency_key="k" if i == len(results) - 1 else None,
         )  # fmt: skip
         outcome = _commit_once(task, None, res, ctx)  # type: ignore[arg-type]
-        report = _report(task, outcome, 1000.0 + i, 1000.5 + i, _status(outcome))
+        report = member_report(task, outcome, 1000.0 + i, 1000.5 + i, status_of(outcome))
         _report_and_harvest(task, res.link_observations, report, ctx)
         traces.append(report.trace)
         obs = observations(report.trace)[0]

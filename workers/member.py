@@ -45,9 +45,10 @@ from coordinator.state.memberops import (
     Started,
 )
 from schemas.enums import FailureKind, GroupSignal, MemberStatus
-from schemas.models import MemberReport, MemberTask, MemberTrace
+from schemas.models import MemberReport, MemberTask
 from workers.backends.base import Backend, BackendResult, DeltaBackend, StopCheck
 from workers.lane_messages import task_payload
+from workers.member_report import member_report, not_started, status_of
 from workers.startnotice import StartNotice
 from workers.streamsink import ChunkSink, streaming_stop
 
@@ -77,59 +78,6 @@ class MemberContext:
     # ``delays`` is the store's own window (RedisDelayWindow on the same Redis as a
     # RedisStore): the harvest script records the latency sample, no round trip of its own.
     delays_in_store: bool = False
-
-
-def _not_started(task: MemberTask, kind: FailureKind, reason: str, now: float) -> MemberReport:
-    return _report(
-        task, BackendResult(kind, reason, delivered=False), now, now, MemberStatus.CANCELLED
-    )
-
-
-def _status(result: BackendResult) -> MemberStatus:
-    if result.failure is None:
-        return MemberStatus.SUCCEEDED
-    if result.failure in (FailureKind.CANCELLED, FailureKind.IDEMPOTENCY_TAKEN):
-        return MemberStatus.CANCELLED
-    if result.failure is FailureKind.DEADLINE:
-        return MemberStatus.TIMED_OUT
-    return MemberStatus.FAILED
-
-
-def _report(
-    task: MemberTask, res: BackendResult, started: float, finished: float, status: MemberStatus
-) -> MemberReport:
-    c = task.candidate
-    trace = MemberTrace(
-        invocation_id=task.group_id,
-        group_id=task.group_id,
-        member_id=task.member_id,
-        candidate_id=c.id,
-        role=c.role,
-        model=c.model,
-        zone=c.zone,
-        caller_zone=task.caller_zone,
-        rank=task.rank,
-        u_plus=task.u_plus,
-        r_minus=task.r_minus,
-        started_at_s=started,
-        finished_at_s=finished,
-        status=status,
-        failure_kind=res.failure,
-        failure_reason=res.reason,
-        success=status is MemberStatus.SUCCEEDED,
-        quality=res.quality,
-        latency_s=max(0.0, finished - task.enqueued_at_s),
-        proc_latency_s=res.proc_latency_s,
-        tokens_in=res.tokens_in,
-        tokens_out=res.tokens_out,
-        bytes_sent=res.bytes_sent,
-        rtt_s=res.rtt_s,
-        bandwidth_Bps=res.bandwidth_Bps,
-        lost=res.lost,
-    )
-    return MemberReport(
-        trace=trace, output=res.output if status is MemberStatus.SUCCEEDED else None
-    )
 
 
 @dataclass(slots=True)
@@ -246,11 +194,11 @@ def _execute(
         # Never started. Its reply still goes back so a waiting coordinator knows; no
         # profile learns from a call that did not happen.
         if state is None or state is GroupSignal.CANCELLED:  # the group is gone or cancelled
-            report = _not_started(task, FailureKind.CANCELLED, f"group {state or 'gone'}", now)
+            report = not_started(task, FailureKind.CANCELLED, f"group {state or 'gone'}", now)
         elif started is Started.NOT_STARTED:
-            report = _not_started(task, FailureKind.DEADLINE, "deadline passed before start", now)
+            report = not_started(task, FailureKind.DEADLINE, "deadline passed before start", now)
         else:  # its coordinator declared it not started in time
-            report = _not_started(task, FailureKind.CANCELLED, DECLARED_LOST, now)
+            report = not_started(task, FailureKind.CANCELLED, DECLARED_LOST, now)
         _reply(task, report, ctx)
         return report
     notice = None
@@ -266,7 +214,7 @@ def _execute(
         _cool_down(task, result.retry_after_s, ctx)
     outcome = _commit_once(task, backend, result, ctx)
     finished = ctx.clock()
-    report = _report(task, outcome, now, finished, _status(outcome))
+    report = member_report(task, outcome, now, finished, status_of(outcome))
     if result.failure is FailureKind.CANCELLED and finished >= task.deadline_at_s:
         # Stopped past its deadline: by its coordinator's deadline close, which records it
         # lost (a hang: TIMEOUT, coordinator.runtime.liveness). The reply alone, so that

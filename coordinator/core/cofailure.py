@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coordinator.core.params import ProfileSettings
-from coordinator.core.profiles import decay_weight, merge_weight
+from coordinator.core.profile_merge import merge_weight
+from coordinator.core.profiles import decay_weight
 from coordinator.errors import InputError
 
 PairKey = tuple[str, str]

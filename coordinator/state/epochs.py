@@ -1,8 +1,9 @@
 """Experience profiles in Redis as a snapshot plus per-epoch deltas.
 
 The effective profile of a candidate (or link) is the adopted snapshot's profile merged
-with the deltas of every epoch after the snapshot's (:func:`coordinator.core.profiles.
-merge_candidate`). Epochs split the observations exactly at a trace-stream id:
+with the deltas of every epoch after the snapshot's (:func:`coordinator.core.
+profile_merge.merge_candidate`). Epochs split the observations exactly at a trace-stream
+id:
 
 - Every writer (a worker recording an outcome, :func:`write_delta`) runs one optimistic
   transaction: ``WATCH`` the epoch key, read epoch ``e`` and its delta, fold the
@@ -38,7 +39,8 @@ import redis
 from coordinator.core import cofailure
 from coordinator.core.cofailure import CoFailure
 from coordinator.core.params import ProfileSettings
-from coordinator.core.profiles import CandidateProfile, LinkProfile, merge_candidate, merge_link
+from coordinator.core.profile_merge import merge_candidate, merge_link
+from coordinator.core.profiles import CandidateProfile, LinkProfile
 from coordinator.state import keys
 from coordinator.state.codec import decode_candidate, decode_link, encode, encode_delta, text
 from coordinator.state.lua import lua

@@ -141,7 +141,7 @@ def cooldown(candidate_id: str) -> str:
 
 # Profiles (coordinator.tracestore.recompute): effective profile = the snapshot's profile
 # merged with the deltas of every epoch after the snapshot's
-# (coordinator.core.profiles.merge_candidate).
+# (coordinator.core.profile_merge.merge_candidate).
 # TTLs: all profile_ttl_s. The epoch key and the snapshot are refreshed by every
 # recompute (in the same MULTI), the deltas on every write. A delta is never written
 # after the recompute that outdates it, so the epoch key (never refreshed by a plain

@@ -28,7 +28,8 @@ from typing import Any
 import redis
 
 from coordinator.core.params import ProfileSettings
-from coordinator.core.profiles import CandidateProfile, LinkProfile, merge_candidate, merge_link
+from coordinator.core.profile_merge import merge_candidate, merge_link
+from coordinator.core.profiles import CandidateProfile, LinkProfile
 from coordinator.state import keys
 from coordinator.state.codec import decode_candidate, decode_link, text
 from coordinator.state.lean import lean_for
