@@ -9,12 +9,17 @@ from workers.backends.base import BackendResult
 
 
 def not_started(task: MemberTask, kind: FailureKind, reason: str, now: float) -> MemberReport:
+    """The report of a member that never ran (``kind``, ``reason``): cancelled, nothing
+    delivered, started and finished ``now``."""
     return member_report(
         task, BackendResult(kind, reason, delivered=False), now, now, MemberStatus.CANCELLED
     )
 
 
 def status_of(result: BackendResult) -> MemberStatus:
+    """The member's status from its backend's result: a cancel, or an idempotency key
+    another member holds, reads as cancelled, a deadline as timed out, any other failure
+    as failed."""
     if result.failure is None:
         return MemberStatus.SUCCEEDED
     if result.failure in (FailureKind.CANCELLED, FailureKind.IDEMPOTENCY_TAKEN):
@@ -27,6 +32,8 @@ def status_of(result: BackendResult) -> MemberStatus:
 def member_report(
     task: MemberTask, res: BackendResult, started: float, finished: float, status: MemberStatus
 ) -> MemberReport:
+    """The report of ``task``'s run: its trace (latency from the task's enqueue), and its
+    output only when it succeeded."""
     c = task.candidate
     trace = MemberTrace(
         invocation_id=task.group_id,
