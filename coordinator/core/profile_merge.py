@@ -56,8 +56,9 @@ def merge_candidate(
     """``base`` followed by ``delta`` (a profile folded from empty over later observations):
     counts and moments add after decaying the base across the delta, Beta evidence adds
     above the prior, the recent-latency windows concatenate (base first) and are trimmed.
-    A delta may hold late judgements only (:func:`apply_quality`, no observation): they
-    add to the Beta evidence and the quality moments, nothing decays."""
+    A delta may hold late judgements only (:func:`coordinator.core.profiles.apply_quality`,
+    no observation): they add to the Beta evidence and the quality moments, nothing
+    decays."""
     if delta is None:
         return base
     if base is None:
