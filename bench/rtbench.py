@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,10 +39,26 @@ JOIN_TIMEOUT_S = 60.0
 HEDGED = {"tau": 0.9999, "winner_mode": "first"}  # τ out of reach: the whole pool runs
 
 
+def _ping_workers(client: HacoClient, svc: Services, end: float) -> None:
+    """Until every HACO worker of ``svc`` answers a Celery ping (or ``end``, monotonic)."""
+    host = socket.gethostname()
+    want = {f"haco-{zone}@{host}" for zone in svc.stack.workers}
+    seen: set[str] = set()
+    while not want <= seen and time.monotonic() < end:
+        with contextlib.suppress(Exception):  # the broker may still be warming up
+            replies = client.app.control.ping(destination=sorted(want - seen), timeout=0.5)
+            seen |= {name for reply in replies for name in reply}
+
+
 def wait_ready(client: HacoClient, role: str, svc: Services) -> None:
-    """Until a call succeeds: a worker still starting fails a call whose member waits
-    longer than the start timeout in its queue, so one failed call proves nothing."""
+    """Until every worker answers a ping, then until a call succeeds. The ping first: a
+    member left in a queue that no worker consumes yet past the start timeout declares
+    its zone dark (coordinator.runtime.liveness), and every candidate of that zone then
+    sits out planning for dark_zone_cooldown_s wherever another zone's candidate can
+    run (the two-zones role would run one member). A worker that answers may still fail
+    a first call, so one failed call proves nothing."""
     end = time.monotonic() + READY_TIMEOUT_S
+    _ping_workers(client, svc, end)
     while True:
         try:
             client.invoke(role, "ready?", deadline_s=READY_TIMEOUT_S)

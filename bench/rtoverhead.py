@@ -28,6 +28,7 @@ from bench.rtlib import (
 )
 from coordinator.core.percentiles import interpolated, median
 from coordinator.runtime.client import HacoClient
+from coordinator.runtime.results import InvocationResult
 
 
 def _breakdown(t0: float, t1: float, gid: str, m: dict[str, Any], marks: Marks) -> dict[str, float]:
@@ -150,7 +151,7 @@ def _haco_summary(
             parts.setdefault(k, []).append(v)
     return {
         "role": role,
-        "members": len(traces.get(rows[0][0], [])) if rows else 0,
+        "members": max((len(traces.get(row[0], [])) for row in rows), default=0),
         "missing_traces": missing,
         "group_e2e": summary_ms(e2e),
         "group_coordinator": summary_ms(coord),
@@ -164,6 +165,19 @@ def _haco_summary(
         "breakdown_p99_ms": {k: interpolated(v, 99)[0] * 1e3 for k, v in parts.items()},
         "by_start_order": _by_start(groups),
     }
+
+
+def _check_launched(client: HacoClient, role: str, res: InvocationResult) -> None:
+    """The last warm-up call of ``role`` launched its whole pool (each row runs every
+    candidate: τ is out of reach), else a RuntimeError: a row of fewer members than its
+    name says measures another thing (a zone declared dark sits out for a while)."""
+    want = len(client.pool.candidates(role))
+    launched = [m.candidate_id for m in res.members if m.launched]
+    if len(launched) != want:
+        raise RuntimeError(
+            f"role {role!r}: the warm-up's last call launched {launched}, expected all "
+            f"{want} candidates; a cooling candidate (keys.cooldown) sits out"
+        )
 
 
 def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, Any]:
@@ -184,7 +198,8 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
         for role in rows:
             wait_ready(client, role, svc)
             for _ in range(20):
-                client.invoke(role, "warm", deadline_s=CALL_DEADLINE_S, **opts[role])
+                res = client.invoke(role, "warm", deadline_s=CALL_DEADLINE_S, **opts[role])
+            _check_launched(client, role, res)
         try:
             _bare_calls(app, r, 20)  # warm
         except RuntimeError as exc:
