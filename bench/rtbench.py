@@ -30,6 +30,7 @@ from bench.rtlib import (
 )
 from coordinator.core.percentiles import interpolated, median
 from coordinator.runtime.client import HacoClient
+from coordinator.runtime.dispatch import answering, worker_node
 from coordinator.state import keys
 from coordinator.state.broker import with_db
 from coordinator.state.keys import queue_for
@@ -42,12 +43,11 @@ HEDGED = {"tau": 0.9999, "winner_mode": "first"}  # τ out of reach: the whole p
 def _ping_workers(client: HacoClient, svc: Services, end: float) -> None:
     """Until every HACO worker of ``svc`` answers a Celery ping (or ``end``, monotonic)."""
     host = socket.gethostname()
-    want = {f"haco-{zone}@{host}" for zone in svc.stack.workers}
+    want = {worker_node(zone, host) for zone in svc.stack.workers}
     seen: set[str] = set()
     while not want <= seen and time.monotonic() < end:
         with contextlib.suppress(Exception):  # the broker may still be warming up
-            replies = client.app.control.ping(destination=sorted(want - seen), timeout=0.5)
-            seen |= {name for reply in replies for name in reply}
+            seen |= answering(client.app, want - seen)
 
 
 def wait_ready(client: HacoClient, role: str, svc: Services) -> None:

@@ -62,6 +62,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from coordinator.runtime.client import HacoClient
+from coordinator.runtime.dispatch import answering, worker_node
 from coordinator.services.embedded_pg import EmbeddedPostgres
 from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.state import keys
@@ -326,10 +327,9 @@ def open_pool(url: str, timeout: float = 10.0) -> ConnectionPool:
 
 def wait_ready(client: HacoClient, zones: Sequence[str], timeout_s: float = 30.0) -> None:
     """Until the worker of every zone answers a Celery ping."""
-    want = {f"haco-{zone}@{socket.gethostname()}" for zone in zones}
+    want = {worker_node(zone, socket.gethostname()) for zone in zones}
 
     def answered() -> bool:
-        replies = client.app.control.ping(destination=sorted(want), timeout=0.5)
-        return want <= {name for reply in replies for name in reply}
+        return want <= answering(client.app, want)
 
     wait_for(f"workers {sorted(want)} to answer a ping", answered, timeout_s)

@@ -36,6 +36,7 @@ from coordinator.core.evidence import link_id
 from coordinator.errors import HedgeError, InputError, ServiceError
 from coordinator.runtime.client import HacoClient
 from coordinator.runtime.coordinator import InvocationResult
+from coordinator.runtime.dispatch import answering, worker_node
 from coordinator.runtime.profile_view import profile_rows
 from coordinator.services import llama
 from coordinator.services.supervisor import Stack, start_stack
@@ -204,10 +205,10 @@ def _wait(
 
 def wait_for_workers(client: HacoClient, s: LocalDemoSettings) -> None:
     host = socket.gethostname()
-    names = [f"haco-{z}@{host}" for z in ZONES] + [f"haco-judge@{host}"]
+    names = [worker_node(z, host) for z in ZONES] + [worker_node("judge", host)]
 
     def answered() -> bool:
-        return len(client.app.control.ping(destination=names, timeout=0.5)) == len(names)
+        return answering(client.app, names) >= set(names)
 
     if not _wait(answered, s.workers_ready_s, s.poll_s):
         raise ServiceError(

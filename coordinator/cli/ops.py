@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 def _worker_queue(settings: HacoSettings, zone: str | None, judge: bool) -> tuple[str, str]:
     """The queue a worker consumes and its node name's prefix."""
+    from coordinator.runtime.dispatch import node_prefix
     from coordinator.runtime.pool import Pool, pool_from_settings
     from coordinator.services.embedded_pg import trace_store_url
 
@@ -36,8 +37,8 @@ def _worker_queue(settings: HacoSettings, zone: str | None, judge: bool) -> tupl
         if pool.config.evaluator is None:
             raise ConfigError("--judge: the pool config defines no evaluator to score with")
         trace_store_url(settings)  # the judge writes to the trace store: fail now if none
-        return JUDGE_QUEUE, "haco-judge"
-    return queue_for(pool.check_zone(zone)), f"haco-{zone}"
+        return JUDGE_QUEUE, node_prefix("judge")
+    return queue_for(pool.check_zone(zone)), node_prefix(zone)
 
 
 def _wait_workers(
@@ -51,19 +52,18 @@ def _wait_workers(
     Ctrl-C): then an invocation right after `haco up` finds every queue consumed."""
     import socket
 
-    from coordinator.runtime.dispatch import sending_app
+    from coordinator.runtime.dispatch import answering, sending_app, worker_node
     from coordinator.services.supervisor import JUDGE_WORKER
 
     host = socket.gethostname()
-    want = {f"haco-{z}@{host}" for z in zones if z != JUDGE_WORKER}
+    want = {worker_node(z, host) for z in zones if z != JUDGE_WORKER}
     app = sending_app(settings, redis_url)
     deadline = clock() + settings.up_ready_timeout_s
     seen: set[str] = set()
     try:
         while not want <= seen and not stop.is_set() and clock() < deadline:
             with contextlib.suppress(Exception):  # the broker may still be warming up
-                replies = app.control.ping(destination=sorted(want - seen), timeout=0.5)
-                seen |= {name for reply in replies for name in reply}
+                seen |= answering(app, want - seen)
     finally:
         app.close()
     if want <= seen:

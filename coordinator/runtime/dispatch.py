@@ -12,7 +12,7 @@ against the in-memory store: the second backend the runtime tests run through.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -48,6 +48,28 @@ def sending_app(settings: HacoSettings, redis_url: str) -> Celery:
     app = Celery("haco", set_as_current=False)
     app.conf.update(celery_conf(settings, redis_url))
     return app
+
+
+# One ping's wait for the answers: a worker that is up answers in milliseconds, and a
+# caller that waits for every worker pings again, so a short wait only costs a retry.
+PING_TIMEOUT_S = 0.5
+
+
+def node_prefix(zone: str) -> str:
+    """A worker's Celery node name before ``@host`` (`haco worker`'s ``-n``): the zone's,
+    or the judge's for ``judge``."""
+    return f"haco-{zone}"
+
+
+def worker_node(zone: str, host: str) -> str:
+    """The Celery node name of ``zone``'s worker on ``host`` (haco-<zone>@<host>)."""
+    return f"{node_prefix(zone)}@{host}"
+
+
+def answering(app: Celery, nodes: Iterable[str], timeout_s: float = PING_TIMEOUT_S) -> set[str]:
+    """Which of the Celery ``nodes`` answer one ping within ``timeout_s``."""
+    replies = app.control.ping(destination=sorted(nodes), timeout=timeout_s)
+    return {name for reply in replies for name in reply}
 
 
 def redacted(url: str) -> str:
