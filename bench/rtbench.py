@@ -30,7 +30,7 @@ from bench.rtlib import (
 )
 from coordinator.core.percentiles import interpolated, median
 from coordinator.runtime.client import HacoClient
-from coordinator.runtime.dispatch import answering, worker_node
+from coordinator.runtime.dispatch import await_answers, worker_node
 from coordinator.state import keys
 from coordinator.state.broker import with_db
 from coordinator.state.keys import queue_for
@@ -38,16 +38,6 @@ from coordinator.state.keys import queue_for
 CALL_DEADLINE_S = 30.0
 JOIN_TIMEOUT_S = 60.0
 HEDGED = {"tau": 0.9999, "winner_mode": "first"}  # τ out of reach: the whole pool runs
-
-
-def _ping_workers(client: HacoClient, svc: Services, end: float) -> None:
-    """Until every HACO worker of ``svc`` answers a Celery ping (or ``end``, monotonic)."""
-    host = socket.gethostname()
-    want = {worker_node(zone, host) for zone in svc.stack.workers}
-    seen: set[str] = set()
-    while not want <= seen and time.monotonic() < end:
-        with contextlib.suppress(Exception):  # the broker may still be warming up
-            seen |= answering(client.app, want - seen)
 
 
 def wait_ready(client: HacoClient, role: str, svc: Services) -> None:
@@ -58,7 +48,8 @@ def wait_ready(client: HacoClient, role: str, svc: Services) -> None:
     run (the two-zones role would run one member). A worker that answers may still fail
     a first call, so one failed call proves nothing."""
     end = time.monotonic() + READY_TIMEOUT_S
-    _ping_workers(client, svc, end)
+    host = socket.gethostname()
+    await_answers(client.app, [worker_node(zone, host) for zone in svc.stack.workers], end)
     while True:
         try:
             client.invoke(role, "ready?", deadline_s=READY_TIMEOUT_S)

@@ -48,6 +48,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -55,14 +56,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import redis
-from polling import wait_for
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from coordinator.runtime.client import HacoClient
-from coordinator.runtime.dispatch import answering, worker_node
+from coordinator.runtime.dispatch import await_answers, worker_node
 from coordinator.services.embedded_pg import EmbeddedPostgres
 from coordinator.services.embedded_redis import EmbeddedRedis
 from coordinator.state import keys
@@ -328,8 +328,6 @@ def open_pool(url: str, timeout: float = 10.0) -> ConnectionPool:
 def wait_ready(client: HacoClient, zones: Sequence[str], timeout_s: float = 30.0) -> None:
     """Until the worker of every zone answers a Celery ping."""
     want = {worker_node(zone, socket.gethostname()) for zone in zones}
-
-    def answered() -> bool:
-        return want <= answering(client.app, want)
-
-    wait_for(f"workers {sorted(want)} to answer a ping", answered, timeout_s)
+    seen = await_answers(client.app, want, time.monotonic() + timeout_s)
+    if not want <= seen:
+        raise TimeoutError(f"workers {sorted(want - seen)} did not answer a ping in {timeout_s} s")

@@ -21,8 +21,10 @@ import asyncio
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -39,6 +41,7 @@ from services import UNREACHABLE_REDIS_URL, flush_runtime_dbs, wait_ready
 from coordinator.config import HacoSettings
 from coordinator.errors import AllFailedError, ConfigError, DeadlineError
 from coordinator.runtime.client import HacoClient
+from coordinator.runtime.dispatch import await_answers, worker_node
 from coordinator.runtime.pool import load_pool
 from coordinator.runtime.results import InvocationResult
 from coordinator.runtime.zone_view import inspect_workers
@@ -216,6 +219,17 @@ def svc(services: Services) -> Services:
     r = services.r
     r.delete(*r.scan_iter("haco:prof:*"), *r.scan_iter("haco:delay:*"), keys.BUDGET)
     return services
+
+
+def test_await_answers_names_the_workers_that_answer(svc: Services) -> None:
+    host = socket.gethostname()
+    live, absent = worker_node(SOLO, host), worker_node("nowhere", host)
+    ticks = iter(range(1_000))  # a clock that moves one step per look: three pings at most
+    seen = await_answers(svc.client.app, [live, absent], 3.0, lambda: float(next(ticks)))
+    assert seen == {live}
+    stop = threading.Event()
+    stop.set()
+    assert await_answers(svc.client.app, [live], math.inf, stop=stop) == set()
 
 
 def test_invocation_returns_the_best_ranked_success(svc: Services) -> None:

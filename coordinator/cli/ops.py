@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import threading
@@ -52,24 +51,21 @@ def _wait_workers(
     Ctrl-C): then an invocation right after `haco up` finds every queue consumed."""
     import socket
 
-    from coordinator.runtime.dispatch import answering, sending_app, worker_node
+    from coordinator.runtime.dispatch import await_answers, sending_app, worker_node
     from coordinator.services.supervisor import JUDGE_WORKER
 
     host = socket.gethostname()
-    want = {worker_node(z, host) for z in zones if z != JUDGE_WORKER}
+    want = {worker_node(z, host): z for z in zones if z != JUDGE_WORKER}
     app = sending_app(settings, redis_url)
-    deadline = clock() + settings.up_ready_timeout_s
-    seen: set[str] = set()
     try:
-        while not want <= seen and not stop.is_set() and clock() < deadline:
-            with contextlib.suppress(Exception):  # the broker may still be warming up
-                seen |= answering(app, want - seen)
+        deadline = clock() + settings.up_ready_timeout_s
+        seen = await_answers(app, want, deadline, clock, stop)
     finally:
         app.close()
-    if want <= seen:
+    if want.keys() <= seen:
         err.print(f"workers ready: {len(want)} zone(s) answer")
     elif not stop.is_set():
-        late = sorted(w.split("@")[0].removeprefix("haco-") for w in want - seen)
+        late = sorted(z for w, z in want.items() if w not in seen)
         err.print(
             f"warning: no answer yet from the worker of zone(s) {late} after "
             f"{settings.up_ready_timeout_s:g} s; see the logs in the state dir"

@@ -11,7 +11,10 @@ against the in-memory store: the second backend the runtime tests run through.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -70,6 +73,23 @@ def answering(app: Celery, nodes: Iterable[str], timeout_s: float = PING_TIMEOUT
     """Which of the Celery ``nodes`` answer one ping within ``timeout_s``."""
     replies = app.control.ping(destination=sorted(nodes), timeout=timeout_s)
     return {name for reply in replies for name in reply}
+
+
+def await_answers(
+    app: Celery,
+    nodes: Iterable[str],
+    deadline_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    stop: threading.Event | None = None,
+) -> set[str]:
+    """Ping ``nodes`` until each has answered, ``clock()`` reaches ``deadline_s`` or
+    ``stop`` is set; the nodes that answered. A ping that fails counts as no answer:
+    the broker may still be starting."""
+    want, seen = set(nodes), set[str]()
+    while not want <= seen and clock() < deadline_s and not (stop and stop.is_set()):
+        with contextlib.suppress(Exception):
+            seen |= answering(app, want - seen)
+    return seen
 
 
 def redacted(url: str) -> str:
