@@ -40,6 +40,7 @@ from services import UNREACHABLE_REDIS_URL, flush_runtime_dbs, wait_ready
 
 from coordinator.config import HacoSettings
 from coordinator.errors import AllFailedError, ConfigError, DeadlineError
+from coordinator.runtime import liveness
 from coordinator.runtime.client import HacoClient
 from coordinator.runtime.dispatch import await_answers, worker_node
 from coordinator.runtime.pool import load_pool
@@ -360,30 +361,29 @@ def test_budget_is_shared_by_two_coordinator_processes(svc: Services, tmp_path: 
 
 
 def test_worker_killed_mid_task(svc: Services) -> None:
-    zone, deadline_s = "regional", 2.0
-    broker = redis.Redis.from_url(with_db(svc.url, keys.BROKER_DB))
-
-    def received() -> int:
-        # Delivered to the zone's worker, not acknowledged: kombu's unacked hash holds
-        # [message, exchange, routing key] per delivery.
-        entries = [json.loads(v) for v in broker.hvals("unacked")]
-        return sum(1 for e in entries if e[2] == keys.queue_for(zone))
-
-    before = received()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(svc.client.invoke, "doomed", "hi", deadline_s=deadline_s)
-        wait_for(f"the {zone} worker to take its member", lambda: received() > before, 5)
-        proc = svc.stack.workers[zone]
-        proc.kill()
-        proc.wait()
-        try:
-            res = future.result(timeout=deadline_s + 10)
-        finally:
-            svc.restart_worker(zone)
+    # The coordinator learns that rank 0 started from its start token, sent
+    # started_notice_delay_s after the start, or, when the kill comes first, at its start
+    # timeout (start_timeout_min_s, 2 s), from the start claim its worker holds. Its
+    # patience runs from then, so rank 1 wins at about 1.1 s or 3.1 s: the deadline
+    # leaves room for both.
+    zone, deadline_s = "regional", 5.0
+    handle = svc.client.submit("doomed", "hi", deadline_s=deadline_s)
+    claim = keys.idempotency(liveness.start_key(f"{handle.id}.0"))
+    # Killed once started: a member only taken from its queue is not started, and its
+    # zone would be declared dark instead.
+    wait_for(f"the {zone} worker to start its member", lambda: svc.r.get(claim) is not None, 5)
+    proc = svc.stack.workers[zone]
+    proc.kill()
+    proc.wait()
+    try:
+        res = handle.result(timeout_s=deadline_s + 10)
+    finally:
+        svc.restart_worker(zone)
     # Rank 0 would have won at 1.2 s; killed before, its report never comes, so rank 1
     # wins when rank 0's patience runs out (issue 8: max(patience_min_s = 1 s, 4 × its
     # cold t_proc) after it started), before the deadline (a kill after rank 0 finished
     # would show as rank 0 winning).
+    assert svc.r.get(claim) == liveness.WORKER.encode()
     assert res.state is GroupState.WON
     assert (res.winner_id, res.zone) == (f"{res.group_id}.1", "local")
     assert res.latency_s < deadline_s
