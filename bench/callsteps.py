@@ -20,9 +20,7 @@ else embedded; one worker with ``--concurrency`` threads.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,8 +31,7 @@ from rich.table import Table
 
 import coordinator.runtime.coordinator as coordinator_module
 from bench.console import emit
-from bench.machine import after, machine, server_info
-from bench.rtbench import CALL_DEADLINE_S, wait_ready
+from bench.rtbench import CALL_DEADLINE_S, on_worker, wait_ready
 from bench.rtlib import Services, summary_ms, timed_client
 from bench.rtoverhead import TWO_MEMBERS
 from coordinator.core.methods import Haco
@@ -206,18 +203,9 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.n < 1 or args.concurrency < 1:
         p.error(f"--n and --concurrency must be >= 1, got {args.n} and {args.concurrency}")
-    before = machine()
-    with tempfile.TemporaryDirectory(prefix="haco-bench-") as tmp:
-        svc = Services(Path(tmp), args.concurrency)
-        try:
-            svc.start_haco()
-            res = run(svc, args.n, args.role)
-            res["redis"] = server_info(svc.app_redis)
-        finally:
-            svc.close()
-    res["command"] = " ".join(["python -m bench.callsteps", *argv])
-    res["machine"] = after(before)
-    res["redis"]["source"] = "HACO_REDIS_URL" if os.environ.get("HACO_REDIS_URL") else "embedded"
+    res = on_worker(
+        "bench.callsteps", argv, args.concurrency, lambda svc: run(svc, args.n, args.role)
+    )
     emit(res, table(res), args.json)
     return 0
 

@@ -27,9 +27,7 @@ embedded; one worker with ``--concurrency`` threads.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,8 +37,7 @@ from rich.table import Table
 
 from bench.console import emit
 from bench.hotpath_goals import TAIL_VARIANT
-from bench.machine import after, machine, server_info
-from bench.rtbench import CALL_DEADLINE_S, wait_ready
+from bench.rtbench import CALL_DEADLINE_S, on_worker, wait_ready
 from bench.rtlib import Marks, Services, TimedStore, read_traces, summary_ms, timed_client
 from bench.rttail import VARIANTS
 from coordinator.config import HacoSettings
@@ -176,18 +173,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.n < 1 or args.concurrency < 1:
         p.error(f"--n and --concurrency must be >= 1, got {args.n} and {args.concurrency}")
-    before = machine()
-    with tempfile.TemporaryDirectory(prefix="haco-bench-") as tmp:
-        svc = Services(Path(tmp), args.concurrency)
-        try:
-            svc.start_haco()
-            res = run(svc, args.n)
-            res["redis"] = server_info(svc.app_redis)
-        finally:
-            svc.close()
-    res["command"] = " ".join(["python -m bench.launchlag", *argv])
-    res["machine"] = after(before)
-    res["redis"]["source"] = "HACO_REDIS_URL" if os.environ.get("HACO_REDIS_URL") else "embedded"
+    res = on_worker("bench.launchlag", argv, args.concurrency, lambda svc: run(svc, args.n))
     emit(res, table(res), args.json)
     return 0
 

@@ -12,14 +12,17 @@ import contextlib
 import math
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import redis
 
 from bench.bare_celery import create_bare_app, send_echo
+from bench.machine import after, machine, server_info
 from bench.rtlib import (
     READY_TIMEOUT_S,
     Services,
@@ -59,6 +62,27 @@ def wait_ready(client: HacoClient, role: str, svc: Services) -> None:
                 log = svc.log_tail("local")
                 raise RuntimeError(f"HACO worker not ready: {exc}\n{log}") from exc
             time.sleep(0.2)  # a call refused at once (no worker yet) is not retried hot
+
+
+def on_worker(
+    module: str, argv: list[str], concurrency: int, run: Callable[[Services], dict[str, Any]]
+) -> dict[str, Any]:
+    """``run(svc)`` on one HACO worker of ``concurrency`` threads (Redis: HACO_REDIS_URL,
+    else an embedded one in a temporary directory, stopped after), its JSON stamped with
+    the command (``python -m module argv``), the machine and the server."""
+    before = machine()
+    with tempfile.TemporaryDirectory(prefix="haco-bench-") as tmp:
+        svc = Services(Path(tmp), concurrency)
+        try:
+            svc.start_haco()
+            res = dict(run(svc))
+            res["redis"] = server_info(svc.app_redis)
+        finally:
+            svc.close()
+    res["command"] = " ".join([f"python -m {module}", *argv])
+    res["machine"] = after(before)
+    res["redis"]["source"] = "HACO_REDIS_URL" if os.environ.get("HACO_REDIS_URL") else "embedded"
+    return res
 
 
 def _drain(svc: Services, limit_s: float = 10.0) -> None:
