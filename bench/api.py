@@ -30,11 +30,10 @@ from rich.table import Table
 
 from bench.console import show
 from bench.machine import machine
-from bench.rtlib import POOL_FILE, Services, summary_ms
+from bench.rtlib import Services, bench_client, summary_ms
 from coordinator.api.app import create_app
 from coordinator.config import HacoSettings
 from coordinator.runtime.client import HacoClient
-from coordinator.runtime.pool import load_pool
 
 T = TypeVar("T")
 ROLE = "one"
@@ -136,10 +135,9 @@ def run(n: int, tmp: Path) -> dict[str, Any]:
     svc = Services(tmp, concurrency=8)
     try:
         svc.start_haco()
-        settings = HacoSettings(redis_url=svc.url, pool_file=POOL_FILE, sim_time_scale=1.0)
         with (
-            HacoClient(settings, pool=load_pool(POOL_FILE), redis_url=svc.url) as client,
-            Server(client, settings) as server,
+            bench_client(svc.url) as client,
+            Server(client, client.settings) as server,
             httpx.Client(base_url=server.url, timeout=DEADLINE_S * 2) as http,
         ):
             client.invoke(ROLE, "ready?", deadline_s=60.0)  # the worker consumes

@@ -32,7 +32,7 @@ from rich.table import Table
 import coordinator.runtime.coordinator as coordinator_module
 from bench.console import emit
 from bench.rtbench import CALL_DEADLINE_S, on_worker, wait_ready
-from bench.rtlib import Services, summary_ms, timed_client
+from bench.rtlib import Services, bench_client, summary_ms
 from bench.rtoverhead import TWO_MEMBERS
 from coordinator.core.methods import Haco
 from coordinator.runtime.client import HacoClient
@@ -63,19 +63,18 @@ STEPS: tuple[tuple[str, str, str], ...] = (
 PLAN_PARTS = ("call_settings", "payload_bytes", "view", "choose", "watch_for")
 
 
-def _owner(client: HacoClient, where: str) -> Any:
+def _owners(client: HacoClient) -> dict[str, Any]:
     coord = client.coordinator
-    owners: dict[str, Callable[[], Any]] = {
-        "client": lambda: client,
-        "coordinator": lambda: coord,
-        "pool": lambda: coord.pool,
-        "views": lambda: coord.views,
-        "dispatcher": lambda: coord.dispatcher,
-        "wire": lambda: coord.dispatcher.wire,  # type: ignore[attr-defined]
-        "module": lambda: coordinator_module,
-        "rule": lambda: Haco,
+    return {
+        "client": client,
+        "coordinator": coord,
+        "pool": coord.pool,
+        "views": coord.views,
+        "dispatcher": coord.dispatcher,
+        "wire": getattr(coord.dispatcher, "wire", None),  # a CeleryDispatcher's
+        "module": coordinator_module,
+        "rule": Haco,
     }
-    return owners[where]()
 
 
 class StepTimes:
@@ -102,13 +101,15 @@ class StepTimes:
 def timed_steps(client: HacoClient, times: StepTimes) -> Iterator[None]:
     """Every step of :data:`STEPS` timed into ``times`` while inside; put back after.
     A step not found raises AttributeError, naming it."""
+    owners = _owners(client)
     put: list[tuple[Any, str, Any, bool]] = []  # owner, attribute, original, own attribute
     try:
         for where, attr, _ in STEPS:
-            owner = _owner(client, where)
+            owner = owners[where]
             original = getattr(owner, attr)  # AttributeError: the step moved
-            own = isinstance(owner, type) or attr in getattr(owner, "__dict__", {})
-            put.append((owner, attr, original, own))
+            # Its own attribute (a module's function, the class's method) is put back;
+            # an instance's shadow of its class's method is deleted.
+            put.append((owner, attr, original, attr in vars(owner)))
             # On a class (the rule), the wrapper is a function: bound as a method, its
             # first argument is the instance. On an instance, it shadows the bound method.
             setattr(owner, attr, times.wrap(original, attr))
@@ -118,7 +119,7 @@ def timed_steps(client: HacoClient, times: StepTimes) -> Iterator[None]:
             if own:
                 setattr(owner, attr, original)
             else:
-                delattr(owner, attr)  # the instance's shadow of its class's method
+                delattr(owner, attr)
 
 
 def timer_cost_s(n: int) -> list[float]:
@@ -143,7 +144,7 @@ def timer_cost_s(n: int) -> list[float]:
 
 
 def run(svc: Services, n: int, role: str, warmup: int = WARMUP) -> dict[str, Any]:
-    client, _ = timed_client(svc.url)
+    client = bench_client(svc.url)  # the coordinator's own parts, no bench marks
     opts = ROLES[role]
     times = StepTimes()
     totals: list[float] = []

@@ -274,15 +274,20 @@ class TimedDelays(RedisDelayWindow):
         return d
 
 
-def timed_client(url: str, **settings: Any) -> tuple[HacoClient, Marks]:
-    """A HacoClient on the bench pool whose coordinator notes its timings in Marks."""
+def bench_client(url: str, **settings: Any) -> HacoClient:
+    """A HacoClient on the bench pool (its settings: ``client.settings``)."""
     s = HacoSettings(redis_url=url, pool_file=POOL_FILE, sim_time_scale=1.0, **settings)
-    client = HacoClient(s, pool=load_pool(POOL_FILE), redis_url=url)
+    return HacoClient(s, pool=load_pool(POOL_FILE), redis_url=url)
+
+
+def timed_client(url: str, **settings: Any) -> tuple[HacoClient, Marks]:
+    """A :func:`bench_client` whose coordinator notes its timings in Marks."""
+    client = bench_client(url, **settings)
     marks = Marks()
     coord = client.coordinator
     coord.store = TimedStore(client.redis, marks)
     coord.dispatcher = TimedDispatcher(client.app, client.pool.zones, marks)
-    coord.delays = TimedDelays(client.redis, s, marks)
+    coord.delays = TimedDelays(client.redis, client.settings, marks)
     return client, marks
 
 

@@ -11,7 +11,7 @@ from services import flush_runtime_dbs
 
 import coordinator.runtime.coordinator as coordinator_module
 from bench import callsteps
-from bench.rtlib import Services, timed_client
+from bench.rtlib import Services, bench_client
 from coordinator.core.methods import Haco
 
 
@@ -36,7 +36,7 @@ def test_a_wrapped_step_adds_up_and_passes_through() -> None:
 
 
 def test_every_step_is_found_and_put_back(runtime_redis_url: str) -> None:
-    client, _ = timed_client(runtime_redis_url)
+    client = bench_client(runtime_redis_url)
     coord = client.coordinator
     before = {
         "choose": Haco.__dict__["choose"],
