@@ -70,13 +70,14 @@ FIXED = "true p95, fixed"
 
 
 def model(calls: int, seeds: int, windows: list[int]) -> dict[str, Any]:
-    curve = oracle()["curve"]
-    true_delay_s = next(p["delay_ms"] for p in curve if p["percentile"] == 95) / 1e3
+    offline = oracle()
+    curve, true_delay_s = offline["curve"], offline["ideal_staggered_p95"]["delay_ms"] / 1e3
     out: dict[str, Any] = {"calls": calls, "seeds": seeds, "by_window": {}}
-    rows: list[tuple[str, int | None]] = [(str(w), w) for w in windows]
-    for name, w in [*rows, (FIXED, None)]:
-        fixed = true_delay_s if w is None else None
-        s = HacoSettings() if w is None else HacoSettings(hedge_delay_window=w)
+    # (row, its settings, its fixed delay: None, the window's)
+    rows: list[tuple[str, HacoSettings, float | None]] = [
+        (str(w), HacoSettings(hedge_delay_window=w), None) for w in windows
+    ]
+    for name, s, fixed in [*rows, (FIXED, HacoSettings(), true_delay_s)]:
         ratios, loads = [], []
         for seed in range(seeds):
             p99_s, load = one_run(s, calls, seed, fixed)
@@ -89,7 +90,7 @@ def model(calls: int, seeds: int, windows: list[int]) -> dict[str, Any]:
             "p99_over_ideal_p5_p95": [float(lo), float(hi)],
             "share_within_1_05": float(np.mean(np.asarray(ratios) <= 1.05)),
             "extra_load_mean": float(np.mean(loads)),
-            "delay": f"fixed at {true_delay_s * 1e3:.1f} ms" if fixed else "rolling window",
+            "delay": "rolling window" if fixed is None else f"fixed at {fixed * 1e3:.1f} ms",
             "settings": {
                 "hedge_delay_percentile": s.hedge_delay_percentile,
                 "budget_ratio": s.budget_ratio,
