@@ -1,20 +1,23 @@
 """The dispatch overhead of bench/runtime.py (``overhead``): sequential calls of bare
 Celery and of HACO with one and two members, in interleaved blocks, each group's latency
 less its fastest member's own, its stages, and each block's samples for the goals'
-intervals (bench/hotpath_goals.py).
+intervals (bench/hotpath_goals.py). Beside the 2-member goal, bare Celery's own cost of
+a second task: one and two tasks that sleep the members' draw, each call's first reply
+less its fastest task's own time, as HACO's groups are measured.
 
 Every call has a deadline: nothing here can run unbounded.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 
-from bench.bare_celery import create_bare_app, send_echo
+from bench.bare_celery import create_bare_app, send_echo, send_sleep
 from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
 from bench.rtlib import (
     READY_TIMEOUT_S,
@@ -28,7 +31,9 @@ from bench.rtlib import (
 )
 from coordinator.core.percentiles import interpolated, median
 from coordinator.runtime.client import HacoClient
+from coordinator.runtime.pool import sim_scenario
 from coordinator.runtime.results import InvocationResult
+from schemas.scenario import LognormalLatency
 
 
 def _breakdown(t0: float, t1: float, gid: str, m: dict[str, Any], marks: Marks) -> dict[str, float]:
@@ -69,6 +74,50 @@ def _bare_calls(app: Any, r: redis.Redis, n: int) -> list[float]:
             raise RuntimeError("bare worker silent")
         out.append(time.perf_counter() - t0)
     return out
+
+
+def bare_overhead_s(t0: float, t1: float, replies: Sequence[str | bytes]) -> float:
+    """One bare call's overhead as a HACO group's is measured: from its send (``t0``) to
+    its first reply (``t1``), less the smallest own time (finished − started) of its
+    tasks' ``replies`` (bare_celery's sleep task: [token, started, finished])."""
+    own = [float(f) - float(s) for _, s, f in map(json.loads, replies)]
+    return t1 - t0 - min(own)
+
+
+def _bare_sleep_calls(app: Any, r: redis.Redis, n: int, tasks: int, sleep_s: float) -> list[float]:
+    """``n`` calls of ``tasks`` bare tasks each, sent one after the other as a Celery
+    caller sends them, each sleeping ``sleep_s``: each call's :func:`bare_overhead_s`."""
+    key = f"bench:bare:sleep:{tasks}"
+    out: list[float] = []
+    for i in range(n):
+        t0 = time.time()
+        for k in range(tasks):
+            send_sleep(app, key, f"{i}.{k}", sleep_s)
+        replies: list[str | bytes] = [_bare_reply(r, key)]
+        t1 = time.time()
+        replies += [_bare_reply(r, key) for _ in range(tasks - 1)]
+        out.append(bare_overhead_s(t0, t1, replies))
+    return out
+
+
+def _bare_reply(r: redis.Redis, key: str) -> str | bytes:
+    got = r.brpop([key], timeout=READY_TIMEOUT_S)
+    if got is None:
+        raise RuntimeError("bare worker silent")
+    return got[1]
+
+
+def model_sleep_s(client: HacoClient, role: str) -> float:
+    """The time a member of ``role`` spends in its backend: its model's latency in the
+    pool's scenario, which must be a fixed draw (lognormal, sigma 0) for a bare task to
+    sleep the same."""
+    cands, sim = client.pool.candidates(role), client.pool.config.sim
+    if sim is None or not cands:
+        raise RuntimeError(f"role {role!r}: no simulated candidate to take the draw from")
+    latency = sim_scenario(sim).models[cands[0].model].latency
+    if not isinstance(latency, LognormalLatency) or latency.sigma != 0:
+        raise RuntimeError(f"role {role!r}: model {cands[0].model!r} draws no fixed latency")
+    return latency.median_s
 
 
 Started = tuple[float, list[dict[str, Any]], str]  # first send, succeeded members, winner
@@ -185,11 +234,15 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
     HACO with one member, two members in one zone (one worker runs both) and, when
     ``svc`` runs a worker in ZONE2 too, two members in two zones (a worker each), ``n``
     each, in ``rounds`` interleaved blocks (bare, one, two, …): compared side by side in
-    time, not one after the other, so a slow spell of the machine weighs on each alike."""
+    time, not one after the other, so a slow spell of the machine weighs on each alike.
+    In the same blocks, bare Celery calls of one and of two tasks sleeping the members'
+    draw (:func:`_bare_sleep_calls`): what a second task costs Celery itself."""
     client, marks = timed_client(svc.url)
     app = create_bare_app(svc.url)
     r = svc.app_redis
+    sleep_s = model_sleep_s(client, "one")
     bare: list[float] = []
+    sleeping: dict[int, list[float]] = {1: [], 2: []}  # bare tasks per call → overheads
     rows: dict[str, list[Row]] = {"one": [], "two": []}
     if ZONE2 in svc.stack.workers:
         rows["two-zones"] = []
@@ -202,12 +255,16 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
             _check_launched(client, role, res)
         try:
             _bare_calls(app, r, 20)  # warm
+            for tasks in sleeping:
+                _bare_sleep_calls(app, r, 20, tasks, sleep_s)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\n{svc.log_tail('bare')}") from exc
         since = int(time.time() * 1000)
         sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
         for size in sizes:
             bare += _bare_calls(app, r, size)
+            for tasks in sleeping:
+                sleeping[tasks] += _bare_sleep_calls(app, r, size, tasks, sleep_s)
             for role in rows:
                 rows[role] += _haco_calls(client, role, size, opts[role])
         time.sleep(0.3)  # losers still report
@@ -218,10 +275,14 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
     names = {"one": "haco_1", "two": "haco_2", "two-zones": "haco_2_zones"}
     over = {k: [_overhead_s(row, traces) for row in v] for k, v in rows.items()}
     out: dict[str, Any] = {"rounds": rounds, "bare_celery_roundtrip": summary_ms(bare)}
+    bare_sleep = {"bare_celery_1_task": sleeping[1], "bare_celery_2_tasks": sleeping[2]}
+    out.update({k: summary_ms(v) for k, v in bare_sleep.items()})
+    out["bare_sleep_ms"] = sleep_s * 1e3
     for k, v in rows.items():
         out[names[k]] = _haco_summary(k, v, over[k], traces, marks)
     # Each block's samples, ms, for the goals' intervals (hotpath_goals.overhead_goals):
     # which spells of the machine a run gets moves its ratios, and the blocks show how far.
     out["blocks_ms"] = {"bare_celery_roundtrip": _blocks(sizes, bare)}
     out["blocks_ms"].update({names[k]: _blocks(sizes, v) for k, v in over.items()})
+    out["blocks_ms"].update({k: _blocks(sizes, v) for k, v in bare_sleep.items()})
     return out

@@ -75,6 +75,12 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
 
     row("floor: Redis LPUSH→BRPOP echo, 2 processes", floor)
     row("bare Celery round trip (send_task → LPUSH → BRPOP)", bare)
+    sleep = f"sleeping {measured['bare_sleep_ms']:.2f} ms (the members' draw)"
+    row(f"bare Celery, 1 task {sleep}: round trip − its own time", measured["bare_celery_1_task"])
+    row(
+        f"bare Celery, 2 tasks {sleep}: first reply − fastest task's own",
+        measured["bare_celery_2_tasks"],
+    )
     variants = [("1 member", one), ("2 members, parallel, first", two)]
     if "haco_2_zones" in measured:
         variants.append(("2 members in 2 zones, first", measured["haco_2_zones"]))
@@ -119,7 +125,10 @@ def _print_intervals(g: dict[str, Any], rounds: int) -> None:
     for label, point, ci in (
         ("1 member / bare Celery", "overhead_p{q}_over_bare_p{q}", "one_over_bare_p{q}_ci90"),
         ("2 members / 1 member", "two_over_one_p{q}", "two_over_one_p{q}_ci90"),
+        ("bare Celery, 2 tasks / 1 task", "bare_two_over_one_p{q}", "bare_two_over_one_p{q}_ci90"),
     ):
+        if point.format(q=50) not in g:
+            continue
         parts = [f"{times(g[point.format(q=q)])} ({span(g.get(ci.format(q=q)))})" for q in (50, 99)]
         err.print(f"{label}, p50 · p99: {' · '.join(parts)}, 90% intervals over {rounds} blocks")
 

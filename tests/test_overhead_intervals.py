@@ -1,18 +1,19 @@
 """The dispatch overhead's ratios with their intervals over a run's interleaved blocks
 (bench/hotpath_goals.py ``blocks_ratio_ci90``, bench/rtoverhead.py's blocks), and the
-report's verdict cells that show them."""
+report's verdict cells that show them; bare Celery's own second task beside them."""
 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
-from test_hotpath_report import DOC, RUNTIME, _block, _row, _write
+from test_hotpath_report import DOC, RUNTIME, _block, _pct, _row, _write
 
 from bench.hotpath_goals import blocks_ratio_ci90, overhead_goals
 from bench.hotpath_report import main
-from bench.rtoverhead import _blocks, _overhead_s
+from bench.rtoverhead import _blocks, _overhead_s, bare_overhead_s
 
 # Ten blocks whose level moves by a factor of three between spells of the machine.
 SPELLS = [1.0, 3.0, 1.2, 2.5, 1.0, 1.8, 2.9, 1.1, 1.5, 2.0]
@@ -94,3 +95,41 @@ def test_the_goals_and_the_report_give_each_ratio_its_interval(tmp_path: Path) -
     assert "90% interval 0.50×–0.50× · 0.50×–0.50× over the 10 blocks" in one
     two = _row(block, "dispatch overhead, 2 members")
     assert "90% interval 1.10×–1.10× · 1.10×–1.10× over the 10 blocks" in two
+
+
+def test_a_bare_call_is_measured_as_a_group_first_reply_less_its_fastest_tasks_own() -> None:
+    one = [json.dumps(["0.0", 10.0, 10.3])]
+    assert bare_overhead_s(100.0, 101.0, one) == pytest.approx(0.7)  # round trip − own
+    # Two tasks: the first reply's time, less the smaller own time of the two (the later
+    # reply's here), as a group's latency less its fastest member's own.
+    two = [json.dumps(["0.0", 10.0, 10.5]).encode(), json.dumps(["0.1", 10.2, 10.4])]
+    assert bare_overhead_s(100.0, 101.0, two) == pytest.approx(0.8)
+
+
+def test_bare_celerys_second_task_is_a_ratio_with_its_interval_beside_the_goal(
+    tmp_path: Path,
+) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    plain = overhead_goals(RUNTIME["results"]["overhead"])
+    assert "bare_two_over_one_p50" not in plain  # not measured: no ratio, no interval
+    main(_write(tmp_path, RUNTIME))
+    assert "2 tasks" not in _row(_block(doc.read_text(encoding="utf-8")), "dispatch overhead, 2")
+    res = copy.deepcopy(RUNTIME)
+    ov = res["results"]["overhead"]
+    ov.update(bare_celery_1_task=_pct(1.0, 2.0), bare_celery_2_tasks=_pct(1.15, 2.6))
+    one = [_spread(s) for s in SPELLS]
+    ov["rounds"] = len(SPELLS)
+    ov["blocks_ms"] = {
+        "bare_celery_1_task": one,
+        "bare_celery_2_tasks": [[1.15 * x for x in b] for b in one],
+    }
+    g = overhead_goals(ov)
+    assert g["haco_2"] is plain["haco_2"]  # beside the goal: its verdict unchanged
+    assert (g["bare_two_over_one_p50"], g["bare_two_over_one_p99"]) == pytest.approx((1.15, 1.3))
+    assert g["bare_two_over_one_p50_ci90"] == pytest.approx([1.15, 1.15])
+    assert "one_over_bare_p50_ci90" not in g  # HACO's blocks not in this run: none
+    main(_write(tmp_path, res))
+    row = _row(_block(doc.read_text(encoding="utf-8")), "dispatch overhead, 2 members")
+    assert "2 tasks 1.15 / 2.60, 1 task 1.00 / 2.00" in row
+    assert "1.15× · 1.30×; 90% interval 1.15×–1.15×" in row
