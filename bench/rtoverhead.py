@@ -70,8 +70,7 @@ def _bare_calls(app: Any, r: redis.Redis, n: int) -> list[float]:
     for i in range(n):
         t0 = time.perf_counter()
         send_echo(app, "bench:bare:lat", str(i))
-        if r.brpop(["bench:bare:lat"], timeout=READY_TIMEOUT_S) is None:
-            raise RuntimeError("bare worker silent")
+        _bare_reply(r, "bench:bare:lat")
         out.append(time.perf_counter() - t0)
     return out
 
@@ -119,6 +118,9 @@ def model_sleep_s(client: HacoClient, role: str) -> float:
         raise RuntimeError(f"role {role!r}: model {cands[0].model!r} draws no fixed latency")
     return latency.median_s
 
+
+# The bare sleeping calls beside the 2-member goal: their result's key → tasks per call.
+BARE_SLEEP = {"bare_celery_1_task": 1, "bare_celery_2_tasks": 2}
 
 Started = tuple[float, list[dict[str, Any]], str]  # first send, succeeded members, winner
 
@@ -242,7 +244,7 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
     r = svc.app_redis
     sleep_s = model_sleep_s(client, "one")
     bare: list[float] = []
-    sleeping: dict[int, list[float]] = {1: [], 2: []}  # bare tasks per call → overheads
+    sleeping: dict[str, list[float]] = {k: [] for k in BARE_SLEEP}  # overheads, s
     rows: dict[str, list[Row]] = {"one": [], "two": []}
     if ZONE2 in svc.stack.workers:
         rows["two-zones"] = []
@@ -255,7 +257,7 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
             _check_launched(client, role, res)
         try:
             _bare_calls(app, r, 20)  # warm
-            for tasks in sleeping:
+            for tasks in BARE_SLEEP.values():
                 _bare_sleep_calls(app, r, 20, tasks, sleep_s)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\n{svc.log_tail('bare')}") from exc
@@ -263,8 +265,8 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
         sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
         for size in sizes:
             bare += _bare_calls(app, r, size)
-            for tasks in sleeping:
-                sleeping[tasks] += _bare_sleep_calls(app, r, size, tasks, sleep_s)
+            for key, tasks in BARE_SLEEP.items():
+                sleeping[key] += _bare_sleep_calls(app, r, size, tasks, sleep_s)
             for role in rows:
                 rows[role] += _haco_calls(client, role, size, opts[role])
         time.sleep(0.3)  # losers still report
@@ -275,8 +277,7 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
     names = {"one": "haco_1", "two": "haco_2", "two-zones": "haco_2_zones"}
     over = {k: [_overhead_s(row, traces) for row in v] for k, v in rows.items()}
     out: dict[str, Any] = {"rounds": rounds, "bare_celery_roundtrip": summary_ms(bare)}
-    bare_sleep = {"bare_celery_1_task": sleeping[1], "bare_celery_2_tasks": sleeping[2]}
-    out.update({k: summary_ms(v) for k, v in bare_sleep.items()})
+    out.update({k: summary_ms(v) for k, v in sleeping.items()})
     out["bare_sleep_ms"] = sleep_s * 1e3
     for k, v in rows.items():
         out[names[k]] = _haco_summary(k, v, over[k], traces, marks)
@@ -284,5 +285,5 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
     # which spells of the machine a run gets moves its ratios, and the blocks show how far.
     out["blocks_ms"] = {"bare_celery_roundtrip": _blocks(sizes, bare)}
     out["blocks_ms"].update({names[k]: _blocks(sizes, v) for k, v in over.items()})
-    out["blocks_ms"].update({k: _blocks(sizes, v) for k, v in bare_sleep.items()})
+    out["blocks_ms"].update({k: _blocks(sizes, v) for k, v in sleeping.items()})
     return out
