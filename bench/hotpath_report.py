@@ -61,7 +61,8 @@ GENERATED = (
 
 def _bare_two(ov: Json, g: Json) -> str:
     """Bare Celery's own second task beside the 2-member goal: a call of two tasks
-    sleeping the members' draw against one, each measured as a group is."""
+    sleeping the members' draw against one, each measured as a group is; and HACO's two
+    members against Celery's two tasks."""
     if "bare_celery_2_tasks" not in ov:
         return "—"
     b1, b2 = ov["bare_celery_1_task"], ov["bare_celery_2_tasks"]
@@ -69,7 +70,9 @@ def _bare_two(ov: Json, g: Json) -> str:
         f"2 tasks {num(b2['p50_ms'])} / {num(b2['p99_ms'])}, 1 task {num(b1['p50_ms'])} / "
         f"{num(b1['p99_ms'])} (sleeping the members' draw; first reply less the fastest "
         f"task's own time): {times(g['bare_two_over_one_p50'])} · "
-        f"{times(g['bare_two_over_one_p99'])}{_blocks(g, 'bare_two_over_one', ov)}"
+        f"{times(g['bare_two_over_one_p99'])}{_blocks(g, 'bare_two_over_one', ov)}. "
+        f"HACO's 2 members over bare Celery's 2 tasks: {times(g['two_over_bare_two_p50'])} · "
+        f"{times(g['two_over_bare_two_p99'])}{_blocks(g, 'two_over_bare_two', ov)}"
     )
 
 

@@ -126,6 +126,7 @@ def _print_intervals(g: dict[str, Any], rounds: int) -> None:
         ("1 member / bare Celery", "overhead_p{q}_over_bare_p{q}", "one_over_bare_p{q}_ci90"),
         ("2 members / 1 member", "two_over_one_p{q}", "two_over_one_p{q}_ci90"),
         ("bare Celery, 2 tasks / 1 task", "bare_two_over_one_p{q}", "bare_two_over_one_p{q}_ci90"),
+        ("2 members / bare 2 tasks", "two_over_bare_two_p{q}", "two_over_bare_two_p{q}_ci90"),
     ):
         if point.format(q=50) not in g:
             continue

@@ -106,13 +106,14 @@ def test_a_bare_call_is_measured_as_a_group_first_reply_less_its_fastest_tasks_o
     assert bare_overhead_s(100.0, 101.0, two) == pytest.approx(0.8)
 
 
-def test_bare_celerys_second_task_is_a_ratio_with_its_interval_beside_the_goal(
+def test_bare_celerys_second_task_and_haco_against_it_are_ratios_with_intervals_beside_the_goal(
     tmp_path: Path,
 ) -> None:
     doc = tmp_path / "BENCHMARKS.md"
     doc.write_text(DOC, encoding="utf-8")
     plain = overhead_goals(RUNTIME["results"]["overhead"])
     assert "bare_two_over_one_p50" not in plain  # not measured: no ratio, no interval
+    assert "two_over_bare_two_p50" not in plain
     main(_write(tmp_path, RUNTIME))
     assert "2 tasks" not in _row(_block(doc.read_text(encoding="utf-8")), "dispatch overhead, 2")
     res = copy.deepcopy(RUNTIME)
@@ -123,6 +124,7 @@ def test_bare_celerys_second_task_is_a_ratio_with_its_interval_beside_the_goal(
     ov["blocks_ms"] = {
         "bare_celery_1_task": one,
         "bare_celery_2_tasks": [[1.15 * x for x in b] for b in one],
+        "haco_2": [[1.035 * x for x in b] for b in one],  # 0.9× bare's two tasks in each block
     }
     g = overhead_goals(ov)
     assert g["haco_2"] is plain["haco_2"]  # beside the goal: its verdict unchanged
@@ -133,3 +135,9 @@ def test_bare_celerys_second_task_is_a_ratio_with_its_interval_beside_the_goal(
     row = _row(_block(doc.read_text(encoding="utf-8")), "dispatch overhead, 2 members")
     assert "2 tasks 1.15 / 2.60, 1 task 1.00 / 2.00" in row
     assert "1.15× · 1.30×; 90% interval 1.15×–1.15×" in row
+    # HACO's two members against Celery's two tasks: 1.1 / 1.15 and 3.3 / 2.6 ms.
+    assert (g["two_over_bare_two_p50"], g["two_over_bare_two_p99"]) == pytest.approx(
+        (1.1 / 1.15, 3.3 / 2.6)
+    )
+    assert g["two_over_bare_two_p50_ci90"] == pytest.approx([0.9, 0.9])
+    assert "2 tasks: 0.96× · 1.27×; 90% interval 0.90×–0.90×" in row
