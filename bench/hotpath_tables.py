@@ -10,6 +10,9 @@ from bench.hotpath_goals import worker_cpu
 from coordinator.core.smallpool import SMALL_POOL
 
 NA = "not measured"
+# Busy cores at which a process (of one) or the machine (of its cores) counts as full, in
+# the "why" of a curve's bend: CPU s per wall s reads a little low over a run's pauses.
+NEAR_FULL = 0.8
 SYSTEMS = (("haco-1", "HACO, 1 member"), ("haco-2", "HACO, 2 members"), ("bare", "bare Celery"))
 PLAN_PARTS = (
     ("profiles", "the plan's profile read (unchanged profiles cached)"),
@@ -128,9 +131,9 @@ def bend_lines(growth: Json) -> list[str]:
         if b is None:
             out.append(f"- {label}: tasks/s still grow by ≥ 10 % at every level measured.")
             continue
-        if b["busiest_cores"] >= 0.8:
+        if b["busiest_cores"] >= NEAR_FULL:
             why = "near one core: the ceiling of one Python process (GIL)"
-        elif b["total_cores"] >= 0.8 * cores:
+        elif b["total_cores"] >= NEAR_FULL * cores:
             why = f"the machine's {cores} cores are nearly all busy"
         else:
             why = (
@@ -231,8 +234,53 @@ def ingest_section(one: Json | None, two: Json | None) -> list[str]:
             ),
         ),
         row("rows stored / traces", lambda r: f"{r['harvest']['rows_stored']} / {r['n']}"),
+        row(f"busy cores while draining: {' · '.join(BUSY)}", _busy_cell),
     ]
-    return table(["path", *(h for h, _ in runs)], rows)
+    bend = ingest_bend_line(one, two)
+    return [*table(["path", *(h for h, _ in runs)], rows), *([] if bend is None else ["", bend])]
+
+
+BUSY = ("harvesters", "Postgres", "Redis", "machine")  # bench.ingest's busy_cores, in order
+
+
+def _busy_cell(r: Json) -> str:
+    b = r.get("busy_cores")  # absent from runs before bench.ingest counted it
+    return "—" if b is None else " · ".join(num(b[k.lower()]) for k in BUSY)
+
+
+def ingest_bend_line(one: Json | None, two: Json | None) -> str | None:
+    """Where ingest bends from 1 to 2 harvesters and why, from what each drain kept busy
+    (as ``bend_lines`` does for the growth curves); None without both runs' busy cores."""
+    if one is None or two is None or "busy_cores" not in one or "busy_cores" not in two:
+        return None
+    b1, b2, cores = one["busy_cores"], two["busy_cores"], two.get("cpus") or 1
+
+    def went(key: str) -> str:
+        return "not on this machine" if b2[key] is None else f"{num(b1[key])} → {num(b2[key])}"
+
+    per_harvester = max(b1["harvesters"] / one["harvesters"], b2["harvesters"] / two["harvesters"])
+    if b2["machine"] >= NEAR_FULL * cores:
+        why = (
+            f"with two, the machine's {cores} cores are nearly all busy: the second "
+            "harvester's CPU comes out of the cores Postgres and the first one use"
+        )
+    elif per_harvester >= NEAR_FULL:
+        why = "a harvester near one core: the ceiling of one Python process (GIL)"
+    else:
+        why = (
+            "no harvester near a core and the machine not full: the harvesters wait, on "
+            "Postgres (each batch's upserts and commit) or on Redis"
+        )
+    gain = two["harvest"]["traces_per_s"] / one["harvest"]["traces_per_s"]
+    raw = two["raw_copy"]["rows_per_s"] / one["raw_copy"]["rows_per_s"]
+    return (
+        f"From 1 to 2 harvesters the traces/s go ×{gain:.2f} "
+        f"({one['harvest_vs_raw_copy']:.0%} → {two['harvest_vs_raw_copy']:.0%} of each run's "
+        f"raw COPY, which itself went ×{raw:.2f} between the two runs). Busy cores while "
+        f"draining, of {cores}: the harvesters {went('harvesters')}, Postgres "
+        f"{went('postgres')}, Redis {went('redis')}, the whole machine {went('machine')}; "
+        f"{why}."
+    )
 
 
 def ingest_command(r: Json) -> str:

@@ -11,9 +11,12 @@ period in --gc-every (``harvest_gc_every_s``; its default alone unless given; 0 
 Python's automatic collector): (2) the N reports XADDed to the trace stream
 (pipelined), (3) that many harvesters (``Harvester.run``, as deployed) drain the stream
 into the emptied tables, timed until the stream is empty and nothing is pending; lag is
-sampled after every batch, and each harvester's CPU time is counted. A rich table goes
-to stderr, JSON to stdout: the first run's figures at the top level (as before), every
-run in ``runs``, ``goal`` (traces/s) and ``met`` (the goal reached, every row stored).
+sampled after every batch, and each harvester's CPU time is counted, beside the
+Postgres processes', the Redis server's and the whole machine's over the drain (busy
+cores: what the drain kept busy, so where the curve from 1 to 2 harvesters bends). A rich
+table goes to stderr, JSON to stdout: the first run's figures at the top level (as
+before), every run in ``runs``, ``goal`` (traces/s) and ``met`` (the goal reached, every
+row stored).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from psycopg_pool import ConnectionPool
 from rich.console import Console
 from rich.table import Table
 
+from bench.machine import machine_busy_s, named_cpu_s, redis_cpu_s
 from bench.scratchdb import scratch_database
 from coordinator.config import HacoSettings
 from coordinator.state import keys
@@ -216,12 +220,14 @@ def harvest(
             )
             for k in range(harvesters)
         ]
+        cpu0 = _Cpu.read(r)
         t = time.perf_counter()
         for p in procs:
             p.start()
         while not _drained(r, settings.harvest_group):
             time.sleep(POLL_S)
         harvest_s = time.perf_counter() - t
+        cpu = _Cpu.read(r).minus(cpu0)  # before done: the harvesters' connections still open
         done.set()
         stats = [out.get() for _ in procs]
         for p in procs:
@@ -231,7 +237,27 @@ def harvest(
         r.delete(keys.TRACES, keys.TRACES_DEAD, keys.METRICS)
         r.close()
     stored = count(url, "members")
-    return Run(harvesters, gc_every_s, push_s, harvest_s, stored, stats, metrics)
+    return Run(harvesters, gc_every_s, push_s, harvest_s, stored, stats, metrics, cpu)
+
+
+@dataclass(frozen=True)
+class _Cpu:
+    """CPU seconds of the machine, of Postgres's processes on it (None: not on this
+    machine) and of the Redis server: what the drain kept busy besides the harvesters."""
+
+    machine_s: float
+    postgres_s: float | None
+    redis_s: float
+
+    @classmethod
+    def read(cls, r: redis.Redis) -> _Cpu:
+        return cls(machine_busy_s(), named_cpu_s("postgres"), redis_cpu_s(r))
+
+    def minus(self, before: _Cpu) -> _Cpu:
+        pg = None
+        if self.postgres_s is not None and before.postgres_s is not None:
+            pg = self.postgres_s - before.postgres_s
+        return _Cpu(self.machine_s - before.machine_s, pg, self.redis_s - before.redis_s)
 
 
 @dataclass(frozen=True)
@@ -243,6 +269,7 @@ class Run:
     stored: int
     stats: list[tuple[int, float, int, float, float]]
     metrics: dict[str, int]
+    cpu: _Cpu  # over the drain
 
     def summary(self, n: int, raw_s: float) -> dict[str, Any]:
         per_s = n / self.harvest_s
@@ -261,13 +288,24 @@ class Run:
                 # every harvester process's CPU (user + system), per trace stored
                 "cpu_us_per_trace": sum(s[4] for s in self.stats) / n * 1e6,
             },
+            # CPU s per wall s of the drain: what it kept busy, so where the curve bends
+            "busy_cores": self.busy_cores(),
             "harvest_vs_raw_copy": per_s / (n / raw_s),
             "met": per_s >= GOAL_TRACES_PER_S and self.stored == n,
             "metrics": self.metrics,
         }
 
+    def busy_cores(self) -> dict[str, float | None]:
+        pg, wall_s = self.cpu.postgres_s, self.harvest_s
+        return {
+            "harvesters": sum(s[4] for s in self.stats) / wall_s,
+            "postgres": None if pg is None else pg / wall_s,
+            "redis": self.cpu.redis_s / wall_s,
+            "machine": self.cpu.machine_s / wall_s,
+        }
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=5_000)
@@ -282,7 +320,7 @@ def main() -> None:
     )
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/11")
     ap.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/test")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if any(g < 0 for g in args.gc_every) or any(h < 1 for h in args.harvesters):
         ap.error(
             f"--gc-every must be >= 0 and --harvesters >= 1, got {args.gc_every}, {args.harvesters}"
@@ -333,6 +371,12 @@ def main() -> None:
             f" entries/s; lag after each batch: max stream length {h['max_stream_len']}, "
             f"oldest pending {h['max_oldest_pending_age_s']:.2f} s, oldest entry "
             f"{h['max_oldest_entry_age_s']:.2f} s"
+        )
+        b, pg = run["busy_cores"], run["busy_cores"]["postgres"]
+        err.print(
+            f"  busy cores while draining, of {os.cpu_count()}: harvesters {b['harvesters']:.2f},"
+            f" Postgres {'not here' if pg is None else f'{pg:.2f}'}, Redis {b['redis']:.2f},"
+            f" the machine {b['machine']:.2f}"
         )
     print(json.dumps(result, indent=2))
 

@@ -1,6 +1,7 @@
 """What every bench records about the machine it ran on, and the CPU it reads: the
 cores, the load and this VM's Python speed before and after a run (runs are compared
-knowing them), a Redis server's version and ``hz``, a process's and Redis's CPU seconds."""
+knowing them), a Redis server's version and ``hz``, and CPU seconds: of a process, of every
+process of a name (Postgres's), of Redis and of the whole machine."""
 
 from __future__ import annotations
 
@@ -23,6 +24,34 @@ def proc_cpu_s(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def named_cpu_s(name: str) -> float | None:
+    """User + system CPU seconds of every live process named ``name`` (its ``comm``), or
+    None when none runs here. For a server of one process per connection, ``postgres``:
+    a process that exits between two readings takes its seconds along, so read while the
+    connections being measured are open."""
+    total, found = 0.0, False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            head, rest = (entry / "stat").read_text().rsplit(")", 1)
+        except OSError:  # gone since the listing
+            continue
+        if head.split("(", 1)[1] == name:
+            fields = rest.split()
+            total, found = total + (int(fields[11]) + int(fields[12])) / _TICK, True
+    return total if found else None
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy since boot, over all its cores: user,
+    nice, system, irq and softirq of /proc/stat (not idle, I/O wait or a neighbour's steal)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = f.readline().split()
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+    return (user + nice + system + irq + softirq) / _TICK
 
 
 def redis_cpu_s(r: redis.Redis) -> float:
