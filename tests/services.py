@@ -52,15 +52,14 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import redis
-from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from bench.scratchdb import database_url
 from coordinator.runtime.client import HacoClient
 from coordinator.runtime.dispatch import await_answers, worker_node
 from coordinator.services.embedded_pg import EmbeddedPostgres
@@ -116,14 +115,6 @@ def pg_answers(url: str) -> bool:
     except psycopg.Error:
         return False
     return True
-
-
-def database_url(server_url: str, dbname: str) -> str:
-    """``server_url`` (a URL or key=value conninfo) pointed at database ``dbname``."""
-    parts = urlsplit(server_url)
-    if parts.scheme in ("postgres", "postgresql"):
-        return urlunsplit(parts._replace(path=f"/{dbname}"))
-    return make_conninfo(server_url, dbname=dbname)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import redis
 
 from bench.ingest import main
 from bench.machine import named_cpu_s
+from bench.scratchdb import database_url
 
 N = 1_500
 
@@ -36,3 +37,12 @@ def test_each_run_stores_every_trace_and_counts_the_busy_cores(
         # The machine's busy time holds the harvesters' (read in clock ticks: 10 ms each,
         # per core, so allow a few).
         assert busy["machine"] * wall_s + 0.05 >= busy["harvesters"] * wall_s
+
+
+def test_a_scratch_database_url_keeps_the_server_it_names() -> None:
+    # An embedded server's URL names its socket directory in the query: it stays.
+    socket = "postgresql://postgres@/postgres?host=%2Ftmp%2Fpg&port=5432"
+    assert database_url(socket, "x") == "postgresql://postgres@/x?host=%2Ftmp%2Fpg&port=5432"
+    assert database_url("postgresql://u@h:5432/test", "x") == "postgresql://u@h:5432/x"
+    conninfo = database_url("host=/tmp/pg port=5433 dbname=postgres", "x").split()
+    assert sorted(conninfo) == ["dbname=x", "host=/tmp/pg", "port=5433"]
