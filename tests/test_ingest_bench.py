@@ -19,7 +19,7 @@ N = 1_500
 
 # bench.ingest forks its harvesters, as it always has; Python 3.12+ warns about a fork in
 # a process with threads (pytest's timeout thread), which is harmless here.
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:This process .*is multi-threaded:DeprecationWarning")
 def test_each_run_stores_every_trace_and_counts_the_busy_cores(
     redis_db: redis.Redis, redis_url: str, pg_admin_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
