@@ -286,7 +286,7 @@ class Run:
                 "max_stream_len": max(s[2] for s in self.stats),
                 "max_oldest_entry_age_s": max(s[3] for s in self.stats),
                 # every harvester process's CPU (user + system), per trace stored
-                "cpu_us_per_trace": sum(s[4] for s in self.stats) / n * 1e6,
+                "cpu_us_per_trace": self.harvesters_cpu_s / n * 1e6,
             },
             # CPU s per wall s of the drain: what it kept busy, so where the curve bends
             "busy_cores": self.busy_cores(),
@@ -295,10 +295,14 @@ class Run:
             "metrics": self.metrics,
         }
 
+    @property
+    def harvesters_cpu_s(self) -> float:
+        return sum(s[4] for s in self.stats)
+
     def busy_cores(self) -> dict[str, float | None]:
         pg, wall_s = self.cpu.postgres_s, self.harvest_s
         return {
-            "harvesters": sum(s[4] for s in self.stats) / wall_s,
+            "harvesters": self.harvesters_cpu_s / wall_s,
             "postgres": None if pg is None else pg / wall_s,
             "redis": self.cpu.redis_s / wall_s,
             "machine": self.cpu.machine_s / wall_s,

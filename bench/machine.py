@@ -17,13 +17,21 @@ import redis
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
+def _stat(proc_dir: Path) -> tuple[str, float] | None:
+    """A process's name (``comm``) and user + system CPU seconds (all its threads) from
+    its /proc stat; None once it is gone."""
+    try:
+        head, rest = (proc_dir / "stat").read_text().rsplit(")", 1)
+    except OSError:
+        return None
+    fields = rest.split()
+    return head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / _TICK
+
+
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of one process (all its threads), from /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    stat = _stat(Path(f"/proc/{pid}"))
+    return float("nan") if stat is None else stat[1]
 
 
 def named_cpu_s(name: str) -> float | None:
@@ -31,18 +39,9 @@ def named_cpu_s(name: str) -> float | None:
     None when none runs here. For a server of one process per connection, ``postgres``:
     a process that exits between two readings takes its seconds along, so read while the
     connections being measured are open."""
-    total, found = 0.0, False
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            head, rest = (entry / "stat").read_text().rsplit(")", 1)
-        except OSError:  # gone since the listing
-            continue
-        if head.split("(", 1)[1] == name:
-            fields = rest.split()
-            total, found = total + (int(fields[11]) + int(fields[12])) / _TICK, True
-    return total if found else None
+    stats = (_stat(entry) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    seconds = [stat[1] for stat in stats if stat is not None and stat[0] == name]
+    return sum(seconds) if seconds else None
 
 
 def machine_busy_s() -> float:
