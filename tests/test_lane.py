@@ -507,21 +507,31 @@ def test_a_start_the_server_refuses_leaves_its_message_recorded_to_run_as_it_com
 
 
 class RecordedStarts(NotedStarts):
-    """The lane's real starts; each run notes its member and whether its start was made."""
+    """The lane's real starts; each run notes its member and whether its start was made.
+    ``hold``: (member, other), the member's run lasts until the other has begun (at most
+    WAIT_S), so the other needs a thread the member's run does not free."""
 
-    def __init__(self, store: RedisStore, watcher: CancelWatcher) -> None:
+    def __init__(
+        self, store: RedisStore, watcher: CancelWatcher, hold: tuple[str, str] | None = None
+    ) -> None:
         super().__init__(store, watcher)
         self.ran: dict[str, bool] = {}
         self.begun_on: dict[str, str] = {}  # member → the thread its start was prepared on
         self.ran_on: dict[str, str] = {}  # member → the thread it ran on
+        self.hold = hold
+        self.other_begun = threading.Event()
 
     def begin(self, body: bytes) -> Beginning | None:
         b = super().begin(body)
         if b is not None:
             self.begun_on[b.task.member_id] = threading.current_thread().name
+            if self.hold is not None and b.task.member_id == self.hold[1]:
+                self.other_begun.set()
         return b
 
     def run(self, b: Beginning, ack: BrokerAck) -> None:
+        if self.hold is not None and b.task.member_id == self.hold[0]:
+            self.other_begun.wait(WAIT_S)
         self.ran[b.task.member_id] = b.made
         self.ran_on[b.task.member_id] = threading.current_thread().name
         b.close()
@@ -530,7 +540,11 @@ class RecordedStarts(NotedStarts):
 def test_the_member_taken_with_the_one_that_woke_the_lane_is_begun_in_its_own_thread(
     broker: redis.Redis, sender: Celery, starts: NotedStarts
 ) -> None:
-    recorded = RecordedStarts(starts.context().store, starts.watcher)  # type: ignore[arg-type]
+    # The first member runs until the second has begun: a lane that left the member taken
+    # along to the thread running the first would begin it only after WAIT_S, on that
+    # thread (a run that ends at once could free that thread first, by chance).
+    store = starts.context().store
+    recorded = RecordedStarts(store, starts.watcher, hold=("g-a.0", "g-b.0"))  # type: ignore[arg-type]
     for group in ("g-a", "g-b"):
         recorded.context().store.set_group_state(group, GroupSignal.OPEN, 60.0)
     runs = Runs()
