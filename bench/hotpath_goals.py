@@ -198,6 +198,8 @@ def tail_goals(res: Json, variant: str = TAIL_VARIANT) -> dict[str, Any]:
         "same_draws_p99_ms": same,
         "same_draws_over_ideal": _ratio(same, ideal),
         "runtime_over_same_draws": _ratio(v["p99_ms"], same),
+        # Beside the goal, not judged: the ideal on the run's own draws (bench.tailideal).
+        "paired": v.get("paired_ideal"),
         "met": met,
     }
 

@@ -41,6 +41,7 @@ from bench.hotpath_tables import (
     machine_section,
     met,
     num,
+    paired_rows,
     planning_section,
     report_script_section,
     results,
@@ -171,6 +172,7 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
                 f"{met(g['met'])} ({times(g['p99_over_ideal'])}{_interval(g)})",
             ]
         )
+        rows += paired_rows(g)
         cost = (tail_call_cost(tail) or {}).get("beyond_draw")
         if cost is not None:
             rows.append(
@@ -263,7 +265,8 @@ def render(
         "are computed from these numbers (`bench/hotpath_goals.py`). The tail's ideal is the",
         "offline zero-overhead staggered launch (`bench/rttail.py`), its p99 interpolated",
         "linearly in extra load between the two neighbouring points of the curve at the",
-        "variant's measured extra load.",
+        "variant's measured extra load. Beside it, not judged, the ideal on the run's own",
+        "draws (`bench/tailideal.py`): the same calls launched ideally at the same extra load.",
         "",
         *table(
             ["figure", "HACO", "floor", "bare Celery", "goal", "verdict"],

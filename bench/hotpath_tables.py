@@ -355,3 +355,23 @@ def machine_section(inputs: Mapping[str, tuple[str, Json | None, str | None]]) -
         "Python loop ms before → after",
     ]
     return table(header, rows)
+
+
+def paired_rows(g: Json) -> list[list[str]]:
+    """Beside the tail goal: the run against the ideal launch on its own draws."""
+    pi = g.get("paired")
+    if not pi:
+        return []
+    lo, hi = pi["p99_over_ci90"]
+    return [
+        [
+            "… against the ideal launch on the same calls' own draws (paired), p99 ms",
+            f"**{num(g['p99_ms'], 1)}** at {g['extra_load']:.1%}",
+            f"the same draws launched ideally at {g['extra_load']:.1%}: {num(pi['p99_ms'], 1)} "
+            f"(delay {num(pi['delay_ms'], 1)} ms; {pi['filled']} backups drawn afresh)",
+            "—",
+            "beside the goal: the draws' sampling cancels (`bench/tailideal.py`)",
+            f"{times(pi['p99_over'])}; 90% interval {times(lo)}–{times(hi)}; policy "
+            f"{times(pi['same_draws_over'])}",
+        ]
+    ]

@@ -316,6 +316,29 @@ def test_tail_goal_splits_the_ratio_into_policy_and_runtime(tmp_path: Path) -> N
     row = _row(_block(doc.read_text(encoding="utf-8")), "staggered tail")
     assert "90% interval 1.00×–1.10× over 6000 calls" in row
     assert "policy 1.02×, runtime 1.01×" in row
+    assert "paired" not in _block(doc.read_text(encoding="utf-8"))  # an older run: no row
+
+
+def test_the_ideal_on_the_runs_own_draws_is_shown_beside_the_tail_goal_not_judged(
+    tmp_path: Path,
+) -> None:
+    res = copy.deepcopy(RUNTIME)
+    v = res["results"]["tail"]["variants"]["staggered-p95-b5"]
+    v["paired_ideal"] = {"p99_ms": 74.0, "delay_ms": 21.5, "filled": 3, "unpaired": 0,
+                         "p99_over": 77 / 74, "p99_over_ci90": [1.01, 1.06],
+                         "same_draws_over": 1.02}  # fmt: skip
+    g = tail_goals(res["results"]["tail"])
+    assert g["paired"] == v["paired_ideal"]
+    assert {k: g[k] for k in g if k != "paired"} == {
+        k: val for k, val in tail_goals(RUNTIME["results"]["tail"]).items() if k != "paired"
+    }  # the verdict and its figures as before
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, res))
+    row = _row(_block(doc.read_text(encoding="utf-8")), "… against the ideal launch")
+    assert "74.0" in row and "delay 21.5 ms; 3 backups drawn afresh" in row
+    assert "1.04×; 90% interval 1.01×–1.06×; policy 1.02×" in row
+    assert "met" not in row
 
 
 def test_same_draws_take_each_call_at_its_members_own_latencies() -> None:

@@ -43,3 +43,6 @@ def test_the_model_sets_the_ideal_delay_beside_the_windows() -> None:
     assert res["by_window"][FIXED]["delay"].startswith("fixed at ")
     for row in res["by_window"].values():
         assert row["p99_over_ideal_median"] > 0.5
+        lo, hi = row["p99_over_paired_ideal_p5_p95"]
+        assert lo <= row["p99_over_paired_ideal_median"] <= hi
+        assert 0.0 <= row["paired_share_within_1_05"] <= 1.0
