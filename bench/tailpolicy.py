@@ -57,6 +57,8 @@ def one_run(
 
 @dataclass(frozen=True)
 class Run:
+    """One offline run of the policy: its calls' latencies, their draws, its extra load."""
+
     lat_s: np.ndarray  # each measured call's latency
     draws_s: np.ndarray  # its two draws (rank 0, the backup's), calls × 2
     extra_load: float
