@@ -24,7 +24,7 @@ from bench.bare_celery import create_bare_app, send_sleep
 from bench.hotpath_goals import TAIL_BARE, TAIL_VARIANT
 from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
 from bench.rtlib import Services, own_latency, read_traces, summary_ms, timed_client
-from bench.tailideal import p99, pair, ratio_interval, staggered
+from bench.tailideal import p99, p99_interval, pair, ratio_interval, staggered
 from coordinator.core.percentiles import interpolated
 from coordinator.state import keys
 
@@ -35,8 +35,6 @@ WARMUP = 300  # unmeasured calls that fill the role's delay window
 # spreads ±8% (5th to 95th percentile of repeated samples), wider than the goal's 5%
 # margin; 6 000 calls bring it to ±3.5%.
 GOAL_N = 6000
-BOOTSTRAP = 1000  # resamples for the p99's 90% interval
-
 STAGGERED = {**HEDGED, "launch_mode": "staggered"}
 VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # name: (per-call options, client settings)
@@ -250,7 +248,7 @@ def paired_ideal(
         "p99_ms": ideal * 1e3,
         "delay_ms": got.delay_s * 1e3,
         "filled": got.filled,
-        "unpaired": got.unpaired,
+        "unpaired": int((~got.keep).sum()),
         "p99_over": p99(got.lat_s) / ideal,
         "p99_over_ci90": ratio_interval(got.lat_s, got.ideal_s),
         "same_draws_over": p99(np.asarray(same, dtype=float)[got.keep]) / ideal,
@@ -260,14 +258,6 @@ def paired_ideal(
 def backend_draws(rng: np.random.Generator, n: int) -> np.ndarray:
     """``n`` draws of the tail's backend (s): lognormal, 5 ms median, 200 ms p99."""
     return np.asarray(MEDIAN_S * np.exp(SIGMA * rng.standard_normal(n)), dtype=float)
-
-
-def p99_interval(values_s: list[float], seed: int = 0) -> list[float]:
-    """The p99's 90% bootstrap interval, ms."""
-    x = np.asarray(values_s, dtype=float)
-    rng = np.random.default_rng(seed)
-    boots = np.percentile(x[rng.integers(0, len(x), (BOOTSTRAP, len(x)))], 99, axis=1)
-    return [float(v) * 1e3 for v in np.percentile(boots, [5, 95])]
 
 
 def oracle(n: int = 400_000, seed: int = 0) -> dict[str, Any]:

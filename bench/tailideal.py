@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-BOOTSTRAP = 1000  # resamples of the calls for a ratio's 90% interval
+BOOTSTRAP = 1000  # resamples of the calls for a p99's or a ratio's 90% interval
 
 # n fresh backend draws (s): where the ideal launches a backup that the run did not.
 Draws = Callable[[int], np.ndarray]
@@ -55,12 +55,11 @@ def delay_for_load(x0: np.ndarray, extra_load: float) -> float:
 class Paired:
     """A run's calls beside their own ideal launch, call by call."""
 
-    keep: np.ndarray  # which of the run's calls are paired (a mask over them)
+    keep: np.ndarray  # which of the run's calls are paired; the rest have no rank-0 draw
     lat_s: np.ndarray  # each paired call's measured latency
     ideal_s: np.ndarray  # the same call under the ideal launch on its own draws
     delay_s: float  # the ideal's delay: it fires on the run's extra load
     filled: int  # backups the ideal fires that the run never ran: their draw is fresh
-    unpaired: int  # calls left out: no draw of rank 0 in their traces
 
 
 def _draw(ms: Sequence[dict[str, Any]], rank: int) -> float:
@@ -99,7 +98,6 @@ def pair(
         ideal_s=ideal,
         delay_s=delay_s,
         filled=int(missing.sum()),
-        unpaired=int((~keep).sum()),
     )
 
 
@@ -107,9 +105,20 @@ def p99(x: np.ndarray) -> float:
     return float(np.percentile(x, 99))
 
 
+def _resamples(n: int, seed: int) -> np.ndarray:
+    """BOOTSTRAP resamples (with replacement) of the indices of n calls."""
+    return np.random.default_rng(seed).integers(0, n, (BOOTSTRAP, n))
+
+
+def p99_interval(values_s: Sequence[float], seed: int = 0) -> list[float]:
+    """The p99's 90% bootstrap interval, ms."""
+    x = np.asarray(values_s, dtype=float)
+    boots = np.percentile(x[_resamples(len(x), seed)], 99, axis=1)
+    return [float(v) * 1e3 for v in np.percentile(boots, [5, 95])]
+
+
 def ratio_interval(a: np.ndarray, b: np.ndarray, seed: int = 0) -> list[float]:
     """The 90% bootstrap interval of p99(a) / p99(b), the calls resampled as pairs."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(a), (BOOTSTRAP, len(a)))
+    idx = _resamples(len(a), seed)
     ratios = np.percentile(a[idx], 99, axis=1) / np.percentile(b[idx], 99, axis=1)
     return [float(v) for v in np.percentile(ratios, [5, 95])]

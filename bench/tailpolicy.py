@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.hotpath_goals import ideal_at
-from bench.rttail import MEDIAN_S, SIGMA, WARMUP, oracle
+from bench.rttail import WARMUP, backend_draws, oracle
 from bench.tailideal import delay_for_load, p99, staggered
 from coordinator.config import HacoSettings
 from coordinator.core.percentiles import interpolated
@@ -73,8 +73,7 @@ class Run:
 def simulate(
     settings: HacoSettings, calls: int, seed: int, fixed_delay_s: float | None = None
 ) -> Run:
-    rng = np.random.default_rng(seed)
-    draws = MEDIAN_S * np.exp(SIGMA * rng.standard_normal((WARMUP + calls, 2)))
+    draws = backend_draws(np.random.default_rng(seed), 2 * (WARMUP + calls)).reshape(-1, 2)
     window, budget = MemoryDelayWindow(settings), MemoryBudget(settings)
     lat, backups = [], 0
     for i, (x0, x1) in enumerate(draws.tolist()):
