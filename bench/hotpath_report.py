@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bench.hotpath_beside import bare_two, beside_two_rows, blocks_note
 from bench.hotpath_goals import (
     GOALS,
     ingest_goals,
@@ -45,7 +46,6 @@ from bench.hotpath_tables import (
     planning_section,
     report_script_section,
     results,
-    span,
     table,
     times,
 )
@@ -58,23 +58,6 @@ GENERATED = (
     "edits between the hot-path markers are overwritten. -->"
 )
 # ---------------------------------------------------------------- sections
-
-
-def _bare_two(ov: Json, g: Json) -> str:
-    """Bare Celery's own second task beside the 2-member goal: a call of two tasks
-    sleeping the members' draw against one, each measured as a group is; and HACO's two
-    members against Celery's two tasks."""
-    if "bare_celery_2_tasks" not in ov:
-        return "—"
-    b1, b2 = ov["bare_celery_1_task"], ov["bare_celery_2_tasks"]
-    return (
-        f"2 tasks {num(b2['p50_ms'])} / {num(b2['p99_ms'])}, 1 task {num(b1['p50_ms'])} / "
-        f"{num(b1['p99_ms'])} (sleeping the members' draw; first reply less the fastest "
-        f"task's own time): {times(g['bare_two_over_one_p50'])} · "
-        f"{times(g['bare_two_over_one_p99'])}{_blocks(g, 'bare_two_over_one', ov)}. "
-        f"HACO's 2 members over bare Celery's 2 tasks: {times(g['two_over_bare_two_p50'])} · "
-        f"{times(g['two_over_bare_two_p99'])}{_blocks(g, 'two_over_bare_two', ov)}"
-    )
 
 
 def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
@@ -99,7 +82,7 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
                 f"p99 ≤ bare p99 ({num(p99_goal)})",
                 f"{met(g['haco_1'])} ({times(g['overhead_p50_over_bare_p50'])} · "
                 f"{times(g['overhead_p99_over_bare_p99'])} of bare"
-                f"{_blocks(g, 'one_over_bare', ov)})",
+                f"{blocks_note(g, 'one_over_bare', ov)})",
             ]
         )
         if (drawn := ov["haco_1"].get("beyond_draw")) is not None:
@@ -120,26 +103,14 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
                 "dispatch overhead, 2 members (parallel), p50 / p99 ms",
                 f"**{num(two['p50_ms'])} / {num(two['p99_ms'])}**",
                 "—",
-                _bare_two(ov, g),
+                bare_two(ov, g),
                 f"p50 and p99 ≤ {GOALS['two_over_one']}× the 1-member figure",
                 f"{met(g['haco_2'])} "
                 f"({times(g['two_over_one_p50'])} · {times(g['two_over_one_p99'])}"
-                f"{_blocks(g, 'two_over_one', ov)})",
+                f"{blocks_note(g, 'two_over_one', ov)})",
             ]
         )
-        if "haco_2_zones" in ov:
-            zones = ov["haco_2_zones"]["overhead"]
-            rows.append(
-                [
-                    "… the 2 members in two zones (a worker process each), p50 / p99 ms",
-                    f"**{num(zones['p50_ms'])} / {num(zones['p99_ms'])}**",
-                    "—",
-                    "—",
-                    "beside the goal (the row above: both in one worker)",
-                    f"{times(g['two_zones_over_one_p50'])} · "
-                    f"{times(g['two_zones_over_one_p99'])} of 1 member",
-                ]
-            )
+        rows += beside_two_rows(ov, g)
     rows += throughput_rows(results(runtime, "throughput"))
     if ingest is None:
         rows.append(["trace ingest, 1 harvester", NA, "", "—", "", NA])
@@ -192,14 +163,6 @@ def goal_rows(runtime: Json | None, ingest: Json | None) -> list[list[str]]:
 
 def _over(a: float, b: float) -> float | None:
     return a / b if b else None
-
-
-def _blocks(g: Json, ratio: str, ov: Json) -> str:
-    """An overhead ratio's 90% intervals (p50 · p99) over the run's blocks, if measured."""
-    p50, p99 = g.get(f"{ratio}_p50_ci90"), g.get(f"{ratio}_p99_ci90")
-    if p50 is None and p99 is None:
-        return ""
-    return f"; 90% interval {span(p50)} · {span(p99)} over the {ov.get('rounds')} blocks"
 
 
 def _interval(g: Json) -> str:

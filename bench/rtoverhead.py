@@ -3,7 +3,10 @@ Celery and of HACO with one and two members, in interleaved blocks, each group's
 less its fastest member's own, its stages, and each block's samples for the goals'
 intervals (bench/hotpath_goals.py). Beside the 2-member goal, bare Celery's own cost of
 a second task: one and two tasks that sleep the members' draw, each call's first reply
-less its fastest task's own time, as HACO's groups are measured.
+less its fastest task's own time, as HACO's groups are measured. Those bare calls wait
+for every task's reply before the next call; HACO's 2-member calls do not wait for their
+loser, whose run and report overlap the next call. Beside the goal again, the same
+2-member calls made as bare Celery's are: each waits for its loser's report (settled).
 
 Every call has a deadline: nothing here can run unbounded.
 """
@@ -33,6 +36,7 @@ from coordinator.core.percentiles import interpolated, median
 from coordinator.runtime.client import HacoClient
 from coordinator.runtime.pool import sim_scenario
 from coordinator.runtime.results import InvocationResult
+from coordinator.state import keys
 from schemas.scenario import LognormalLatency
 
 
@@ -56,13 +60,49 @@ OVERHEAD_ROUNDS = 10  # blocks per system, interleaved: a slow spell falls on ea
 TWO_MEMBERS = {**HEDGED, "launch_mode": "parallel"}
 
 
-def _haco_calls(client: HacoClient, role: str, n: int, opts: dict[str, Any]) -> list[Row]:
+# A loser reports within milliseconds of the winner here; the bound only keeps a lost
+# report from stalling the run (it is counted, not hidden).
+SETTLE_TIMEOUT_S = 1.0
+
+
+def _haco_calls(
+    client: HacoClient, role: str, n: int, opts: dict[str, Any], settle: redis.Redis | None = None
+) -> tuple[list[Row], int]:
+    """``n`` sequential calls of ``role``; with ``settle`` (the app database), each call
+    then waits for its other launched members' reports (:func:`settle_group`) before the
+    next. Returns the rows and how many calls did not settle within the bound."""
     rows: list[Row] = []
+    unsettled = 0
     for _ in range(n):
         t0 = time.time()
         res = client.invoke(role, "x", deadline_s=CALL_DEADLINE_S, **opts)
         rows.append((res.group_id, t0, time.time(), res.latency_s, res.winner_id or ""))
-    return rows
+        if settle is not None:
+            others = sum(1 for m in res.members if m.launched) - 1
+            unsettled += not settle_group(settle, res.group_id, others, SETTLE_TIMEOUT_S)
+    return rows, unsettled
+
+
+def settle_group(r: redis.Redis, group_id: str, others: int, timeout_s: float) -> bool:
+    """Wait until ``others`` more member reports come on the group's reply list (the
+    winner's was taken by the call; the list also holds start and close tokens, which
+    are skipped), as bare Celery's calls wait for each task's reply: True, or False when
+    they did not all come within ``timeout_s``."""
+    key = keys.group_replies(group_id)
+    deadline = time.monotonic() + timeout_s
+    while others > 0:
+        wait_s = deadline - time.monotonic()
+        got = r.brpop([key], timeout=wait_s) if wait_s > 0 else None
+        if got is None:
+            return False
+        if _is_report(got[1]):
+            others -= 1
+    return True
+
+
+def _is_report(raw: bytes | str) -> bool:
+    """A member's report is a JSON object; the start, close and wake tokens are words."""
+    return (raw.encode() if isinstance(raw, str) else raw).startswith(b"{")
 
 
 def _bare_calls(app: Any, r: redis.Redis, n: int) -> list[float]:
@@ -218,6 +258,17 @@ def _haco_summary(
     }
 
 
+def variants(measured: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """HACO's rows of an :func:`overhead` result, each with its name, as measured."""
+    names = {
+        "haco_1": "1 member",
+        "haco_2": "2 members, parallel, first",
+        "haco_2_zones": "2 members in 2 zones, first",
+        "haco_2_settled": "2 members, settled, first",  # each call waits for its loser
+    }
+    return [(name, measured[k]) for k, name in names.items() if k in measured]
+
+
 def _check_launched(client: HacoClient, role: str, res: InvocationResult) -> None:
     """The last warm-up call of ``role`` launched its whole pool (each row runs every
     candidate: τ is out of reach), else a RuntimeError: a row of fewer members than its
@@ -245,12 +296,14 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
     sleep_s = model_sleep_s(client, "one")
     bare: list[float] = []
     sleeping: dict[str, list[float]] = {k: [] for k in BARE_SLEEP}  # overheads, s
-    rows: dict[str, list[Row]] = {"one": [], "two": []}
+    rows: dict[str, list[Row]] = {"one": [], "two": [], "two-settled": []}
     if ZONE2 in svc.stack.workers:
         rows["two-zones"] = []
+    role_of = {k: k.removesuffix("-settled") for k in rows}
     opts = {"one": {}, "two": TWO_MEMBERS, "two-zones": TWO_MEMBERS}
+    unsettled = 0
     try:
-        for role in rows:
+        for role in dict.fromkeys(role_of.values()):
             wait_ready(client, role, svc)
             for _ in range(20):
                 res = client.invoke(role, "warm", deadline_s=CALL_DEADLINE_S, **opts[role])
@@ -267,20 +320,27 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
             bare += _bare_calls(app, r, size)
             for key, tasks in BARE_SLEEP.items():
                 sleeping[key] += _bare_sleep_calls(app, r, size, tasks, sleep_s)
-            for role in rows:
-                rows[role] += _haco_calls(client, role, size, opts[role])
+            for k in rows:
+                role, settle = role_of[k], (r if k.endswith("-settled") else None)
+                got, missed = _haco_calls(client, role, size, opts[role], settle)
+                rows[k] += got
+                unsettled += missed
         time.sleep(0.3)  # losers still report
     finally:
         client.close()
         app.close()
     traces = read_traces(svc.app_redis, since)
-    names = {"one": "haco_1", "two": "haco_2", "two-zones": "haco_2_zones"}
+    names = {
+        "one": "haco_1", "two": "haco_2", "two-zones": "haco_2_zones",
+        "two-settled": "haco_2_settled",
+    }  # fmt: skip
     over = {k: [_overhead_s(row, traces) for row in v] for k, v in rows.items()}
     out: dict[str, Any] = {"rounds": rounds, "bare_celery_roundtrip": summary_ms(bare)}
     out.update({k: summary_ms(v) for k, v in sleeping.items()})
     out["bare_sleep_ms"] = sleep_s * 1e3
     for k, v in rows.items():
-        out[names[k]] = _haco_summary(k, v, over[k], traces, marks)
+        out[names[k]] = _haco_summary(role_of[k], v, over[k], traces, marks)
+    out["haco_2_settled"]["unsettled_calls"] = unsettled
     # Each block's samples, ms, for the goals' intervals (hotpath_goals.overhead_goals):
     # which spells of the machine a run gets moves its ratios, and the blocks show how far.
     out["blocks_ms"] = {"bare_celery_roundtrip": _blocks(sizes, bare)}

@@ -58,7 +58,7 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
     svc.start_bare()
     svc.start_haco((ZONE, ZONE2))
     measured = rtoverhead.overhead(svc, n)
-    bare, one, two = (measured[k] for k in ("bare_celery_roundtrip", "haco_1", "haco_2"))
+    bare, one = measured["bare_celery_roundtrip"], measured["haco_1"]
     res: dict[str, Any] = {"n": n, "floor_echo": floor, **measured}
     res["goals"] = hotpath_goals.overhead_goals(res)
     res["met"] = {k: res["goals"][k] for k in ("haco_1", "haco_2")}
@@ -81,9 +81,7 @@ def run_overhead(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
         f"bare Celery, 2 tasks {sleep}: first reply − fastest task's own",
         measured["bare_celery_2_tasks"],
     )
-    variants = [("1 member", one), ("2 members, parallel, first", two)]
-    if "haco_2_zones" in measured:
-        variants.append(("2 members in 2 zones, first", measured["haco_2_zones"]))
+    variants = rtoverhead.variants(measured)
     for name, r in variants:
         row(f"HACO {name}: group latency (caller)", r["group_e2e"])
         row(f"HACO {name}: overhead = group − fastest member", r["overhead"])

@@ -411,3 +411,29 @@ def test_without_busy_cores_the_ingest_has_no_bend_and_dashes(tmp_path: Path) ->
     block = _block((tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8"))
     assert "From 1 to 2 harvesters" not in block
     assert _row(block, "busy cores while draining").endswith("| — | — |")
+
+
+def test_two_members_settled_are_shown_beside_the_goal_with_what_did_not_settle(
+    tmp_path: Path,
+) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, RUNTIME))  # not measured: no row
+    assert "waiting for its loser" not in _block(doc.read_text(encoding="utf-8"))
+    settled = copy.deepcopy(RUNTIME)
+    ov = settled["results"]["overhead"]
+    ov["haco_2_settled"] = {"overhead": _pct(1.3, 3.9), "unsettled_calls": 0}
+    goals = overhead_goals(ov)
+    assert goals["haco_2"] is True  # the goal is judged on the calls that do not wait
+    assert goals["two_settled_over_one_p50"] == pytest.approx(1.3)
+    main(_write(tmp_path, settled))
+    row = _row(_block(doc.read_text(encoding="utf-8")), "… the 2 members, each call waiting")
+    assert "1.30 / 3.90" in row and "1.30× · 1.30× of 1 member" in row
+    assert "met" not in row and "not settled" not in row
+    assert "of bare Celery's 2 tasks" not in row  # bare's 2-task calls not measured
+    ov["haco_2_settled"]["unsettled_calls"] = 3
+    ov["bare_celery_1_task"], ov["bare_celery_2_tasks"] = _pct(1.0, 2.0), _pct(1.3, 3.0)
+    main(_write(tmp_path, settled))
+    row = _row(_block(doc.read_text(encoding="utf-8")), "… the 2 members, each call waiting")
+    assert "(3 calls not settled in time)" in row
+    assert "1.00× · 1.30× of bare Celery's 2 tasks" in row  # like for like: both wait

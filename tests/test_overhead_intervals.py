@@ -1,6 +1,7 @@
 """The dispatch overhead's ratios with their intervals over a run's interleaved blocks
 (bench/hotpath_goals.py ``blocks_ratio_ci90``, bench/rtoverhead.py's blocks), and the
-report's verdict cells that show them; bare Celery's own second task beside them."""
+report's verdict cells that show them; bare Celery's own second task beside them; and
+how a settled 2-member call waits for its loser's report (on this run's Redis)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import json
 from pathlib import Path
 
 import pytest
+import redis
 from test_hotpath_report import DOC, RUNTIME, _block, _pct, _row, _write
 
 from bench.hotpath_goals import blocks_ratio_ci90, overhead_goals
 from bench.hotpath_report import main
-from bench.rtoverhead import _blocks, _overhead_s, bare_overhead_s
+from bench.rtoverhead import _blocks, _overhead_s, bare_overhead_s, settle_group
+from coordinator.runtime.liveness import started_token
+from coordinator.state import keys
+from coordinator.state.closing import closed_token
 
 # Ten blocks whose level moves by a factor of three between spells of the machine.
 SPELLS = [1.0, 3.0, 1.2, 2.5, 1.0, 1.8, 2.9, 1.1, 1.5, 2.0]
@@ -141,3 +146,26 @@ def test_bare_celerys_second_task_and_haco_against_it_are_ratios_with_intervals_
     )
     assert g["two_over_bare_two_p50_ci90"] == pytest.approx([0.9, 0.9])
     assert "2 tasks: 0.96× · 1.27×; 90% interval 0.90×–0.90×" in row
+
+
+def test_a_settled_call_waits_for_its_other_members_reports_past_the_tokens(
+    redis_db: redis.Redis,
+) -> None:
+    key = keys.group_replies("g1")
+    # As the list fills: the loser's start token, the winner's close token, the loser's
+    # report; LPUSH in that order, BRPOP takes the oldest first.
+    redis_db.lpush(key, started_token(1), closed_token(0), json.dumps({"trace": {}}))
+    assert settle_group(redis_db, "g1", 1, timeout_s=1.0)
+    assert redis_db.llen(key) == 0
+    # Nothing to wait for: nothing popped.
+    redis_db.lpush(key, started_token(2))
+    assert settle_group(redis_db, "g1", 0, timeout_s=1.0)
+    assert redis_db.llen(key) == 1
+
+
+def test_a_call_whose_loser_never_reports_is_counted_not_settled(redis_db: redis.Redis) -> None:
+    key = keys.group_replies("g2")
+    redis_db.lpush(key, json.dumps({"trace": {}}), started_token(2))
+    # Two others to wait for and one report: the bound ends the wait.
+    assert not settle_group(redis_db, "g2", 2, timeout_s=0.05)
+    assert not settle_group(redis_db, "g3", 1, timeout_s=0.0)  # no time left: no wait
