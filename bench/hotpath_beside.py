@@ -6,6 +6,7 @@ ratio's interval over the run's blocks."""
 
 from __future__ import annotations
 
+from bench.hotpath_goals import BESIDE_TWO
 from bench.hotpath_tables import Json, num, span, times
 
 
@@ -34,18 +35,17 @@ def bare_two(ov: Json, g: Json) -> str:
     )
 
 
-# The rows beside the 2-member goal: what they measured, their note, their ratio's key.
+# The rows beside the 2-member goal (their ratios: hotpath_goals.BESIDE_TWO): what they
+# measured, and their note.
 BESIDE_ROWS = {
     "haco_2_zones": (
         "… the 2 members in two zones (a worker process each), p50 / p99 ms",
         "beside the goal (the row above: both in one worker)",
-        "two_zones_over_one",
     ),
     "haco_2_settled": (
         "… the 2 members, each call waiting for its loser's report, p50 / p99 ms",
         "beside the goal: the next call starts after the loser, as bare Celery's "
         "2-task calls start after their second task",
-        "two_settled_over_one",
     ),
 }
 
@@ -54,9 +54,10 @@ def beside_two_rows(ov: Json, g: Json) -> list[list[str]]:
     """The rows beside the 2-member goal that the overhead results ``ov`` hold (``g``:
     their goals)."""
     rows = []
-    for key, (what, note, ratio) in BESIDE_ROWS.items():
+    for key, (what, note) in BESIDE_ROWS.items():
         if key not in ov:
             continue
+        ratio = BESIDE_TWO[key]
         st, missed = ov[key]["overhead"], ov[key].get("unsettled_calls")
         rows.append(
             [
@@ -66,15 +67,16 @@ def beside_two_rows(ov: Json, g: Json) -> list[list[str]]:
                 "—",
                 note + (f" ({missed} calls not settled in time)" if missed else ""),
                 f"{times(g[ratio + '_p50'])} · {times(g[ratio + '_p99'])} of 1 member"
-                f"{blocks_note(g, ratio, ov)}{_of_bare_two(g, key)}",
+                f"{blocks_note(g, ratio, ov)}{_of_bare_two(g, ratio)}",
             ]
         )
     return rows
 
 
-def _of_bare_two(g: Json, key: str) -> str:
-    """The settled 2-member calls over bare Celery's 2-task calls, if both were measured."""
-    p50, p99 = g.get("two_settled_over_bare_two_p50"), g.get("two_settled_over_bare_two_p99")
-    if key != "haco_2_settled" or p50 is None or p99 is None:
+def _of_bare_two(g: Json, ratio: str) -> str:
+    """A row's calls over bare Celery's 2-task calls, where the goals give that ratio."""
+    over_bare = ratio.replace("_over_one", "_over_bare_two")
+    p50, p99 = g.get(f"{over_bare}_p50"), g.get(f"{over_bare}_p99")
+    if p50 is None or p99 is None:
         return ""
     return f"; {times(p50)} · {times(p99)} of bare Celery's 2 tasks"

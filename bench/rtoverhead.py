@@ -34,9 +34,12 @@ from bench.rtlib import (
 )
 from coordinator.core.percentiles import interpolated, median
 from coordinator.runtime.client import HacoClient
+from coordinator.runtime.coordinator import WAKE
+from coordinator.runtime.liveness import parse_started
 from coordinator.runtime.pool import sim_scenario
 from coordinator.runtime.results import InvocationResult
 from coordinator.state import keys
+from coordinator.state.closing import parse_closed
 from schemas.scenario import LognormalLatency
 
 
@@ -101,8 +104,10 @@ def settle_group(r: redis.Redis, group_id: str, others: int, timeout_s: float) -
 
 
 def _is_report(raw: bytes | str) -> bool:
-    """A member's report is a JSON object; the start, close and wake tokens are words."""
-    return (raw.encode() if isinstance(raw, str) else raw).startswith(b"{")
+    """Whether a reply-list entry is a member's report, told apart from the start, close
+    and wake tokens as the coordinator tells them (Coordinator._on_entry)."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return text != WAKE and parse_started(text) is None and parse_closed(text) is None
 
 
 def _bare_calls(app: Any, r: redis.Redis, n: int) -> list[float]:
@@ -258,15 +263,18 @@ def _haco_summary(
     }
 
 
+# HACO's rows: the calls' kind → the result's key and the row's name in the tables.
+HACO_ROWS = {
+    "one": ("haco_1", "1 member"),
+    "two": ("haco_2", "2 members, parallel, first"),
+    "two-zones": ("haco_2_zones", "2 members in 2 zones, first"),
+    "two-settled": ("haco_2_settled", "2 members, settled, first"),  # waits for its loser
+}
+
+
 def variants(measured: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """HACO's rows of an :func:`overhead` result, each with its name, as measured."""
-    names = {
-        "haco_1": "1 member",
-        "haco_2": "2 members, parallel, first",
-        "haco_2_zones": "2 members in 2 zones, first",
-        "haco_2_settled": "2 members, settled, first",  # each call waits for its loser
-    }
-    return [(name, measured[k]) for k, name in names.items() if k in measured]
+    return [(name, measured[key]) for key, name in HACO_ROWS.values() if key in measured]
 
 
 def _check_launched(client: HacoClient, role: str, res: InvocationResult) -> None:
@@ -330,20 +338,16 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
         client.close()
         app.close()
     traces = read_traces(svc.app_redis, since)
-    names = {
-        "one": "haco_1", "two": "haco_2", "two-zones": "haco_2_zones",
-        "two-settled": "haco_2_settled",
-    }  # fmt: skip
     over = {k: [_overhead_s(row, traces) for row in v] for k, v in rows.items()}
     out: dict[str, Any] = {"rounds": rounds, "bare_celery_roundtrip": summary_ms(bare)}
     out.update({k: summary_ms(v) for k, v in sleeping.items()})
     out["bare_sleep_ms"] = sleep_s * 1e3
     for k, v in rows.items():
-        out[names[k]] = _haco_summary(role_of[k], v, over[k], traces, marks)
+        out[HACO_ROWS[k][0]] = _haco_summary(role_of[k], v, over[k], traces, marks)
     out["haco_2_settled"]["unsettled_calls"] = unsettled
     # Each block's samples, ms, for the goals' intervals (hotpath_goals.overhead_goals):
     # which spells of the machine a run gets moves its ratios, and the blocks show how far.
     out["blocks_ms"] = {"bare_celery_roundtrip": _blocks(sizes, bare)}
-    out["blocks_ms"].update({names[k]: _blocks(sizes, v) for k, v in over.items()})
+    out["blocks_ms"].update({HACO_ROWS[k][0]: _blocks(sizes, v) for k, v in over.items()})
     out["blocks_ms"].update({k: _blocks(sizes, v) for k, v in sleeping.items()})
     return out

@@ -16,6 +16,7 @@ from test_hotpath_report import DOC, RUNTIME, _block, _pct, _row, _write
 from bench.hotpath_goals import blocks_ratio_ci90, overhead_goals
 from bench.hotpath_report import main
 from bench.rtoverhead import _blocks, _overhead_s, bare_overhead_s, settle_group
+from coordinator.runtime.coordinator import WAKE
 from coordinator.runtime.liveness import started_token
 from coordinator.state import keys
 from coordinator.state.closing import closed_token
@@ -152,9 +153,9 @@ def test_a_settled_call_waits_for_its_other_members_reports_past_the_tokens(
     redis_db: redis.Redis,
 ) -> None:
     key = keys.group_replies("g1")
-    # As the list fills: the loser's start token, the winner's close token, the loser's
-    # report; LPUSH in that order, BRPOP takes the oldest first.
-    redis_db.lpush(key, started_token(1), closed_token(0), json.dumps({"trace": {}}))
+    # As the list fills: the loser's start token, the winner's close token, a timer's
+    # wake token, the loser's report; LPUSH in that order, BRPOP takes the oldest first.
+    redis_db.lpush(key, started_token(1), closed_token(0), WAKE, json.dumps({"trace": {}}))
     assert settle_group(redis_db, "g1", 1, timeout_s=1.0)
     assert redis_db.llen(key) == 0
     # Nothing to wait for: nothing popped.
