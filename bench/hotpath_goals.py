@@ -218,6 +218,7 @@ def tail_goals(res: Json, variant: str = TAIL_VARIANT) -> dict[str, Any]:
         "runtime_over_same_draws": _ratio(v["p99_ms"], same),
         # Beside the goal, not judged: the ideal on the run's own draws (bench.tailideal).
         "paired": v.get("paired_ideal"),
+        "refused": v.get("refused"),  # the budget's refusals (bench.rttail), beside it
         "met": met,
     }
 

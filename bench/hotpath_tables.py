@@ -372,6 +372,18 @@ def paired_rows(g: Json) -> list[list[str]]:
             "—",
             "beside the goal: the draws' sampling cancels (`bench/tailideal.py`)",
             f"{times(pi['p99_over'])}; 90% interval {times(lo)}–{times(hi)}; policy "
-            f"{times(pi['same_draws_over'])}",
+            f"{times(pi['same_draws_over'])}{_policy_split(pi, g.get('refused'))}",
         ]
     ]
+
+
+def _policy_split(pi: Json, refused: Json | None) -> str:
+    """The policy's share on the backend's draws, then with the budget's refusals paid
+    (runs from 2026-12-06 on; older reports have neither)."""
+    if pi.get("draws_over") is None or pi.get("draws_paid_over") is None:
+        return ""
+    n = "" if not refused else f" {refused['budget']}"
+    return (
+        f" ({times(pi['draws_over'])} on the backend's draws, {times(pi['draws_paid_over'])} "
+        f"with the budget's{n} refusals paid)"
+    )

@@ -24,7 +24,7 @@ from bench.bare_celery import create_bare_app, send_sleep
 from bench.hotpath_goals import TAIL_BARE, TAIL_VARIANT
 from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
 from bench.rtlib import Services, own_latency, read_traces, summary_ms, timed_client
-from bench.tailideal import p99, p99_interval, pair, ratio_interval, staggered
+from bench.tailideal import member_draw, p99, p99_interval, pair, ratio_interval, staggered
 from coordinator.core.percentiles import interpolated
 from coordinator.state import keys
 
@@ -114,6 +114,7 @@ class Variant:
         delays = self.marks.delays
         is_staggered = self.opts.get("launch_mode") == "staggered"
         same = same_draws(self.calls, self.lat, traces, is_staggered)
+        unpaid = over_delay_alone(self.calls, self.launched, traces) if is_staggered else None
         # launched beyond one per call, over the calls: (420 − 400) / 400 is 0.05, where
         # 420 / 400 − 1 is 0.05000000000000004, above a 5% goal
         load = (sum(self.launched) - len(self.lat)) / max(1, len(self.lat))
@@ -133,9 +134,14 @@ class Variant:
             "p99_ms_ci90": p99_interval(self.lat),
             "same_draws": summary_ms(same),  # no runtime cost: the policy alone
             "runtime_cost": summary_ms([a - b for a, b in zip(self.lat, same, strict=True)]),
-            "paired_ideal": paired_ideal(self.calls, self.lat, same, traces, load)
-            if is_staggered
+            "paired_ideal": paired_ideal(self.calls, self.lat, same, traces, load, unpaid)
+            if unpaid is not None
             else None,
+            # The budget's refusals (its bucket's count) and the calls whose rank 0 outlasted
+            # the delay with no backup: what the policy's share holds beside the delay.
+            "refused": None
+            if unpaid is None
+            else {"budget": _count(self.budget, "exhausted"), "over_delay": int(unpaid.sum())},
             # Calls of one member: the round trip less the backend's drawn time (the trace's
             # proc_latency_s), which the member's own latency also holds its start's
             # round trip and its thread's hand-off in, and a sleep's late wake-up.
@@ -227,23 +233,54 @@ def same_draws(
     return out
 
 
+def _count(bucket: dict[Any, Any], field: str) -> int:
+    """A counter of a saved budget hash (bytes or str keys); 0 when absent."""
+    raw = bucket.get(field.encode(), bucket.get(field))
+    return 0 if raw is None else int(raw)
+
+
+def over_delay_alone(
+    calls: list[tuple[str, float]], launched: list[int], traces: dict[str, list[dict[str, Any]]]
+) -> np.ndarray:
+    """Per call: one member launched, yet rank 0 ran past the call's hedge delay (its own
+    time; its start lags the timer's, so this undercounts): a backup the budget refused."""
+    out = []
+    for (gid, delay), n in zip(calls, launched, strict=True):
+        own = [own_latency(m) for m in traces.get(gid, []) if m["rank"] == 0]
+        out.append(n == 1 and bool(own) and own[0] > delay)
+    return np.asarray(out, dtype=bool)
+
+
 def paired_ideal(
     calls: list[tuple[str, float]],
     lat: list[float],
     same: list[float],
     traces: dict[str, list[dict[str, Any]]],
     extra_load: float,
+    unpaid: np.ndarray,
     seed: int = 1,
 ) -> dict[str, Any] | None:
     """Beside the goal: the run's p99 over the ideal launch on its own calls' draws at its
     extra load (bench.tailideal), with its 90% interval, and the same calls with no
-    runtime cost (``same``: the policy's share) over it. A backup the ideal fires that
+    runtime cost (``same``: the policy's share) over it; the run's delays and backups on
+    the backend's draws (``draws_over``: the members' own overhead out), and those with
+    every refused backup paid (``unpaid`` calls given one at their delay, a fresh draw):
+    the policy's share that is the delay's estimate alone. A backup the ideal fires that
     the run never ran draws from the tail's backend (``seed``)."""
     rng = np.random.default_rng(seed)
     got = pair(calls, lat, traces, extra_load, lambda n: backend_draws(rng, n))
     if got is None:
         return None
     ideal = p99(got.ideal_s)
+    # The run's own delays and backups on the backend's draws (the members' overhead out),
+    # then with every refused backup paid (the budget out): what is left is the delay's.
+    x0, x1 = (np.array([member_draw(traces.get(g, []), r) for g, _ in calls]) for r in (0, 1))
+    delays = np.array([d for _, d in calls], dtype=float)
+    ran = ~np.isnan(x1)
+    x0 = np.where(np.isnan(x0), np.asarray(same, dtype=float), x0)
+    drawn = np.where(ran, np.minimum(x0, delays + np.where(ran, x1, 0.0)), x0)
+    paid = drawn.copy()
+    paid[unpaid] = np.minimum(x0[unpaid], delays[unpaid] + backend_draws(rng, int(unpaid.sum())))
     return {
         "p99_ms": ideal * 1e3,
         "delay_ms": got.delay_s * 1e3,
@@ -252,6 +289,8 @@ def paired_ideal(
         "p99_over": p99(got.lat_s) / ideal,
         "p99_over_ci90": ratio_interval(got.lat_s, got.ideal_s),
         "same_draws_over": p99(np.asarray(same, dtype=float)[got.keep]) / ideal,
+        "draws_over": p99(drawn[got.keep]) / ideal,
+        "draws_paid_over": p99(paid[got.keep]) / ideal,
     }
 
 

@@ -179,6 +179,15 @@ def run_tail(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
         f"{_f(g['same_draws_p99_ms'], 1)} ms: policy {_f(g['same_draws_over_ideal'])}× the "
         f"ideal, runtime {_f(g['runtime_over_same_draws'])}× that"
     )
+    v, pi = res["variants"][g["variant"]], g["paired"] or {}
+    if v.get("refused") and pi:
+        err.print(
+            f"backups refused: {v['refused']['budget']} (calls past their delay alone: "
+            f"{v['refused']['over_delay']}); against the ideal on the run's own draws the "
+            f"policy {_f(pi['same_draws_over'])}×, {_f(pi['draws_over'])}× on the backend's "
+            f"draws (the members' overhead out), {_f(pi['draws_paid_over'])}× with every "
+            "refused backup paid"
+        )
     for what, c in (hotpath_goals.tail_call_cost(res) or {}).items():
         less = {"runtime_cost": "its member's or task's own time", "beyond_draw": "its draw"}
         err.print(

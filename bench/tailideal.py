@@ -62,7 +62,7 @@ class Paired:
     filled: int  # backups the ideal fires that the run never ran: their draw is fresh
 
 
-def _draw(ms: Sequence[dict[str, Any]], rank: int) -> float:
+def member_draw(ms: Sequence[dict[str, Any]], rank: int) -> float:
     """The backend's draw of the member of ``rank`` that ran to its end, else NaN."""
     for m in ms:
         if m["rank"] == rank and m["status"] == "succeeded" and m.get("proc_latency_s") is not None:
@@ -82,8 +82,8 @@ def pair(
     ``extra_load``. A backup the ideal fires whose draw the run never made (the run
     launched none for that call) takes a ``fresh`` draw: its draw is independent of rank
     0's, in the run as in the ideal. None: no call has rank 0's draw."""
-    x0 = np.array([_draw(traces.get(gid, []), 0) for gid, _ in calls], dtype=float)
-    x1 = np.array([_draw(traces.get(gid, []), 1) for gid, _ in calls], dtype=float)
+    x0 = np.array([member_draw(traces.get(gid, []), 0) for gid, _ in calls], dtype=float)
+    x1 = np.array([member_draw(traces.get(gid, []), 1) for gid, _ in calls], dtype=float)
     keep = ~np.isnan(x0)
     if not keep.any():
         return None

@@ -339,6 +339,13 @@ def test_the_ideal_on_the_runs_own_draws_is_shown_beside_the_tail_goal_not_judge
     assert "74.0" in row and "delay 21.5 ms; 3 backups drawn afresh" in row
     assert "1.04×; 90% interval 1.01×–1.06×; policy 1.02×" in row
     assert "met" not in row
+    assert "backend's draws" not in row  # an older report: no split of the policy's share
+    v["paired_ideal"] |= {"draws_over": 1.01, "draws_paid_over": 0.99}
+    v["refused"] = {"budget": 12, "over_delay": 10}
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, res))
+    row = _row(_block(doc.read_text(encoding="utf-8")), "… against the ideal launch")
+    assert "policy 1.02× (1.01× on the backend's draws, 0.99× with the budget's 12 " in row
 
 
 def test_same_draws_take_each_call_at_its_members_own_latencies() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.rttail import paired_ideal
+from bench.rttail import over_delay_alone, paired_ideal
 from bench.tailideal import delay_for_load, pair, ratio_interval, staggered
 from bench.tailpolicy import Run
 
@@ -89,7 +89,8 @@ def test_the_tail_bench_summarises_the_paired_ideal_beside_the_goal() -> None:
     lat = [0.001 * (i + 1) + 0.0005 for i in range(100)]
     lat[99] = 0.1005  # the runtime launched it late: the backup did not help
     same = [0.001 * (i + 1) for i in range(100)]
-    got = paired_ideal(calls, lat, same, traces, extra_load=0.01)
+    none_unpaid = np.zeros(100, dtype=bool)
+    got = paired_ideal(calls, lat, same, traces, 0.01, none_unpaid)
     assert got is not None
     assert got["filled"] == 0 and got["unpaired"] == 0
     assert got["delay_ms"] == pytest.approx(99.0)  # fires on the one slowest call
@@ -99,4 +100,42 @@ def test_the_tail_bench_summarises_the_paired_ideal_beside_the_goal() -> None:
     assert got["p99_over"] > 1.0 and got["same_draws_over"] == pytest.approx(1.0)
     lo, hi = got["p99_over_ci90"]
     assert lo <= got["p99_over"] <= hi
-    assert paired_ideal(calls, lat, same, {}, 0.01) is None
+    # on the draws, with the run's own 99 ms delay: as the ideal's but for g99's backup
+    assert got["draws_over"] == pytest.approx(1.0)
+    assert got["draws_paid_over"] == got["draws_over"]  # no refusal to pay
+    assert paired_ideal(calls, lat, same, {}, 0.01, none_unpaid) is None
+
+
+def _timed(rank: int, own_s: float) -> dict[str, Any]:
+    started = 10.0
+    return {
+        "rank": rank,
+        "status": "succeeded",
+        "started_at_s": started,
+        "finished_at_s": started + own_s,
+    }
+
+
+def test_a_call_whose_rank_0_outlasts_its_delay_alone_had_its_backup_refused() -> None:
+    traces = {
+        "fast": [_timed(0, 0.010)],  # within its delay
+        "refused": [_timed(0, 0.300)],  # past it, alone
+        "hedged": [_timed(0, 0.300), _timed(1, 0.005)],  # past it, a backup ran
+    }
+    calls = [("fast", 0.070), ("refused", 0.070), ("hedged", 0.070), ("lost", 0.070)]
+    got = over_delay_alone(calls, [1, 1, 2, 1], traces)
+    assert got.tolist() == [False, True, False, False]  # "lost": no trace, not counted
+
+
+def test_paying_a_refused_backup_takes_the_call_off_the_policys_tail() -> None:
+    n = 200
+    draws = [0.001 * (i + 1) for i in range(n - 3)] + [5.0, 5.0, 5.0]
+    traces = {f"g{i}": [_m(0, d)] for i, d in enumerate(draws)}
+    calls = [(f"g{i}", 0.150) for i in range(n)]
+    unpaid = np.zeros(n, dtype=bool)
+    unpaid[-3:] = True  # the three ran far past the delay, their backups refused
+    got = paired_ideal(calls, draws, draws, traces, 3 / n, unpaid)
+    assert got is not None
+    assert got["draws_over"] > 10  # the ideal launched backups for those three
+    # paid, each ends by its delay plus a backend draw: near the ideal's own
+    assert got["draws_paid_over"] < 2
