@@ -24,7 +24,7 @@ from bench.bare_celery import create_bare_app, send_sleep
 from bench.hotpath_goals import TAIL_BARE, TAIL_VARIANT
 from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
 from bench.rtlib import Services, own_latency, read_traces, summary_ms, timed_client
-from bench.tailideal import member_draw, p99, p99_interval, pair, ratio_interval, staggered
+from bench.tailideal import p99, p99_interval, pair, policy_split, ratio_interval, staggered
 from coordinator.core.percentiles import interpolated
 from coordinator.state import keys
 
@@ -262,25 +262,14 @@ def paired_ideal(
 ) -> dict[str, Any] | None:
     """Beside the goal: the run's p99 over the ideal launch on its own calls' draws at its
     extra load (bench.tailideal), with its 90% interval, and the same calls with no
-    runtime cost (``same``: the policy's share) over it; the run's delays and backups on
-    the backend's draws (``draws_over``: the members' own overhead out), and those with
-    every refused backup paid (``unpaid`` calls given one at their delay, a fresh draw):
-    the policy's share that is the delay's estimate alone. A backup the ideal fires that
-    the run never ran draws from the tail's backend (``seed``)."""
+    runtime cost (``same``: the policy's share) over it, that share split
+    (:func:`policy_split`). A backup the ideal fires that the run never ran draws from the
+    tail's backend (``seed``)."""
     rng = np.random.default_rng(seed)
     got = pair(calls, lat, traces, extra_load, lambda n: backend_draws(rng, n))
     if got is None:
         return None
     ideal = p99(got.ideal_s)
-    # The run's own delays and backups on the backend's draws (the members' overhead out),
-    # then with every refused backup paid (the budget out): what is left is the delay's.
-    x0, x1 = (np.array([member_draw(traces.get(g, []), r) for g, _ in calls]) for r in (0, 1))
-    delays = np.array([d for _, d in calls], dtype=float)
-    ran = ~np.isnan(x1)
-    x0 = np.where(np.isnan(x0), np.asarray(same, dtype=float), x0)
-    drawn = np.where(ran, np.minimum(x0, delays + np.where(ran, x1, 0.0)), x0)
-    paid = drawn.copy()
-    paid[unpaid] = np.minimum(x0[unpaid], delays[unpaid] + backend_draws(rng, int(unpaid.sum())))
     return {
         "p99_ms": ideal * 1e3,
         "delay_ms": got.delay_s * 1e3,
@@ -289,8 +278,7 @@ def paired_ideal(
         "p99_over": p99(got.lat_s) / ideal,
         "p99_over_ci90": ratio_interval(got.lat_s, got.ideal_s),
         "same_draws_over": p99(np.asarray(same, dtype=float)[got.keep]) / ideal,
-        "draws_over": p99(drawn[got.keep]) / ideal,
-        "draws_paid_over": p99(paid[got.keep]) / ideal,
+        **policy_split(calls, traces, unpaid, got, extra_load, lambda n: backend_draws(rng, n)),
     }
 
 

@@ -101,6 +101,36 @@ def pair(
     )
 
 
+def policy_split(
+    calls: list[tuple[str, float]],
+    traces: dict[str, list[dict[str, Any]]],
+    unpaid: np.ndarray,
+    got: Paired,
+    extra_load: float,
+    fresh: Draws,
+) -> dict[str, float]:
+    """The policy's share without the members' own overhead and without the budget.
+    ``draws_over``: the run's own delays and backups on the backend's draws, over the
+    paired ideal. ``draws_paid_over``: the same with every refused backup (``unpaid``)
+    paid, launched at its call's delay on a ``fresh`` draw, over the ideal at the load that
+    makes (``paid_extra_load``), on the same fresh draws: what is left is the delay's
+    estimate. Paid backups held to the ideal at the run's own load would flatter it."""
+    k = got.keep
+    x0, x1 = (np.array([member_draw(traces.get(g, []), r) for g, _ in calls])[k] for r in (0, 1))
+    delay = np.array([d for _, d in calls], dtype=float)[k]
+    ran, unpaid = ~np.isnan(x1), unpaid[k]
+    fill = np.where(ran, x1, fresh(len(x0)))  # a backup's draw, run or not
+    drawn = np.where(ran, np.minimum(x0, delay + fill), x0)
+    paid = np.where(unpaid, np.minimum(x0, delay + fill), drawn)
+    paid_load = extra_load + float(unpaid.sum()) / len(calls)
+    ideal_paid, _ = staggered(x0, fill, delay_for_load(x0, paid_load))
+    return {
+        "draws_over": p99(drawn) / p99(got.ideal_s),
+        "draws_paid_over": p99(paid) / p99(ideal_paid),
+        "paid_extra_load": paid_load,
+    }
+
+
 def p99(x: np.ndarray) -> float:
     return float(np.percentile(x, 99))
 
