@@ -112,9 +112,9 @@ def policy_split(
     """The policy's share without the members' own overhead and without the budget.
     ``draws_over``: the run's own delays and backups on the backend's draws, over the
     paired ideal. ``draws_paid_over``: the same with every refused backup (``unpaid``)
-    paid, launched at its call's delay on a ``fresh`` draw, over the ideal at the load that
-    makes (``paid_extra_load``), on the same fresh draws: what is left is the delay's
-    estimate. Paid backups held to the ideal at the run's own load would flatter it."""
+    paid, launched at its call's delay on a ``fresh`` draw, over the ideal at the extra
+    load they make (``paid_extra_load``), on the same fresh draws: what is left is the
+    delay's estimate. Held to the ideal at the run's own load, they would flatter it."""
     k = got.keep
     x0, x1 = (np.array([member_draw(traces.get(g, []), r) for g, _ in calls])[k] for r in (0, 1))
     delay = np.array([d for _, d in calls], dtype=float)[k]
