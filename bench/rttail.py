@@ -25,8 +25,10 @@ from bench.hotpath_goals import TAIL_BARE, TAIL_VARIANT
 from bench.rtbench import CALL_DEADLINE_S, HEDGED, wait_ready
 from bench.rtlib import Services, own_latency, read_traces, summary_ms, timed_client
 from bench.tailideal import p99, p99_interval, pair, policy_split, ratio_interval, staggered
+from coordinator.config import HacoSettings
 from coordinator.core.percentiles import interpolated
 from coordinator.state import keys
+from coordinator.state.budget import RedisBudget
 
 MEDIAN_S, SIGMA = 0.005, math.log(200 / 5) / 2.326
 CHUNK = 100  # invocations of one variant before the next variant's turn
@@ -73,6 +75,8 @@ class Variant:
         self.settings = settings
         self.client, self.marks = timed_client(svc.url, **settings)
         self.budget: dict[Any, Any] = {}  # this variant's bucket; empty = full
+        self.bucket = RedisBudget(svc.app_redis, HacoSettings(**settings))
+        self.refused = 0  # the bucket's refusals, as of this variant's last chunk
         self.lat: list[float] = []
         self.calls: list[tuple[str, float]] = []  # (group id, its hedge delay s)
         self.launched: list[int] = []
@@ -107,6 +111,7 @@ class Variant:
             r.hset(keys.BUDGET, mapping=self.budget)
         run_parallel(n, inflight, self.one)
         self.budget = r.hgetall(keys.BUDGET)
+        self.refused = self.bucket.snapshot().exhausted
 
     def summary(self, traces: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         own = {m["member_id"]: own_latency(m) for ms in traces.values() for m in ms}
@@ -141,7 +146,7 @@ class Variant:
             # the delay with no backup: what the policy's share holds beside the delay.
             "refused": None
             if unpaid is None
-            else {"budget": _count(self.budget, "exhausted"), "over_delay": int(unpaid.sum())},
+            else {"budget": self.refused, "over_delay": int(unpaid.sum())},
             # Calls of one member: the round trip less the backend's drawn time (the trace's
             # proc_latency_s), which the member's own latency also holds its start's
             # round trip and its thread's hand-off in, and a sleep's late wake-up.
@@ -233,12 +238,6 @@ def same_draws(
     return out
 
 
-def _count(bucket: dict[Any, Any], field: str) -> int:
-    """A counter of a saved budget hash (bytes or str keys); 0 when absent."""
-    raw = bucket.get(field.encode(), bucket.get(field))
-    return 0 if raw is None else int(raw)
-
-
 def over_delay_alone(
     calls: list[tuple[str, float]], launched: list[int], traces: dict[str, list[dict[str, Any]]]
 ) -> np.ndarray:
@@ -266,7 +265,11 @@ def paired_ideal(
     (:func:`policy_split`). A backup the ideal fires that the run never ran draws from the
     tail's backend (``seed``)."""
     rng = np.random.default_rng(seed)
-    got = pair(calls, lat, traces, extra_load, lambda n: backend_draws(rng, n))
+
+    def fresh(n: int) -> np.ndarray:
+        return backend_draws(rng, n)
+
+    got = pair(calls, lat, traces, extra_load, fresh)
     if got is None:
         return None
     ideal = p99(got.ideal_s)
@@ -278,7 +281,7 @@ def paired_ideal(
         "p99_over": p99(got.lat_s) / ideal,
         "p99_over_ci90": ratio_interval(got.lat_s, got.ideal_s),
         "same_draws_over": p99(np.asarray(same, dtype=float)[got.keep]) / ideal,
-        **policy_split(calls, traces, unpaid, got, extra_load, lambda n: backend_draws(rng, n)),
+        **policy_split(calls, unpaid, got, extra_load, fresh),
     }
 
 

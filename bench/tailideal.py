@@ -60,6 +60,8 @@ class Paired:
     ideal_s: np.ndarray  # the same call under the ideal launch on its own draws
     delay_s: float  # the ideal's delay: it fires on the run's extra load
     filled: int  # backups the ideal fires that the run never ran: their draw is fresh
+    x0_s: np.ndarray  # each paired call's rank-0 draw
+    x1_s: np.ndarray  # its backup's draw where the run ran one, else NaN
 
 
 def member_draw(ms: Sequence[dict[str, Any]], rank: int) -> float:
@@ -87,9 +89,10 @@ def pair(
     keep = ~np.isnan(x0)
     if not keep.any():
         return None
-    x0, x1 = x0[keep], x1[keep]
+    x0, ran = x0[keep], x1[keep]
     delay_s = delay_for_load(x0, extra_load)
-    missing = (x0 > delay_s) & np.isnan(x1)
+    missing = (x0 > delay_s) & np.isnan(ran)
+    x1 = ran.copy()
     x1[missing] = fresh(int(missing.sum()))
     ideal, _ = staggered(x0, x1, delay_s)
     return Paired(
@@ -98,12 +101,13 @@ def pair(
         ideal_s=ideal,
         delay_s=delay_s,
         filled=int(missing.sum()),
+        x0_s=x0,
+        x1_s=ran,
     )
 
 
 def policy_split(
     calls: list[tuple[str, float]],
-    traces: dict[str, list[dict[str, Any]]],
     unpaid: np.ndarray,
     got: Paired,
     extra_load: float,
@@ -115,10 +119,9 @@ def policy_split(
     paid, launched at its call's delay on a ``fresh`` draw, over the ideal at the extra
     load they make (``paid_extra_load``), on the same fresh draws: what is left is the
     delay's estimate. Held to the ideal at the run's own load, they would flatter it."""
-    k = got.keep
-    x0, x1 = (np.array([member_draw(traces.get(g, []), r) for g, _ in calls])[k] for r in (0, 1))
-    delay = np.array([d for _, d in calls], dtype=float)[k]
-    ran, unpaid = ~np.isnan(x1), unpaid[k]
+    x0, x1 = got.x0_s, got.x1_s
+    delay = np.array([d for _, d in calls], dtype=float)[got.keep]
+    ran, unpaid = ~np.isnan(x1), unpaid[got.keep]
     fill = np.where(ran, x1, fresh(len(x0)))  # a backup's draw, run or not
     drawn = np.where(ran, np.minimum(x0, delay + fill), x0)
     paid = np.where(unpaid, np.minimum(x0, delay + fill), drawn)
