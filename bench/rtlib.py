@@ -27,6 +27,7 @@ import numpy as np
 import redis
 
 from bench.machine import after, machine, proc_cpu_s, redis_cpu_s
+from bench.pinning import Pinning, pin_caller, pinned
 from coordinator.config import HacoSettings
 from coordinator.core.percentiles import interpolated
 from coordinator.runtime.client import HacoClient
@@ -124,9 +125,15 @@ class Services:
     """
 
     def __init__(
-        self, tmp: Path, concurrency: int, bare_events: bool = False, lane: bool = True
+        self,
+        tmp: Path,
+        concurrency: int,
+        bare_events: bool = False,
+        lane: bool = True,
+        pin: Pinning | None = None,
     ) -> None:
         self.tmp = tmp
+        self.pin = pin  # each spawned process born on its role's CPUs (bench.pinning)
         self.concurrency = concurrency
         self.bare_events = bare_events
         # HACO's workers run members in the member lane (workers/lane.py, the default),
@@ -136,8 +143,10 @@ class Services:
         url = os.environ.get("HACO_REDIS_URL")
         if not url:
             self.embedded = EmbeddedRedis(tmp / "state")
-            url = self.embedded.start()
+            with pinned(pin, "redis"):
+                url = self.embedded.start()
         self.url = url
+        pin_caller(pin)  # after the server's spawn: it is born on its own CPUs
         self.stack = self._stack()
         self.bare: subprocess.Popen[bytes] | None = None
         self.app_redis = redis.Redis.from_url(with_db(url, keys.APP_DB))
@@ -157,14 +166,15 @@ class Services:
     def start_haco(self, zones: Sequence[str] = (ZONE,)) -> None:
         """A HACO worker for each of ``zones``."""
         for zone in zones:
-            self.stack.start_worker(zone, self.concurrency)
+            with pinned(self.pin, "workers"):
+                self.stack.start_worker(zone, self.concurrency)
 
     def start_bare(self) -> None:
         cmd = [sys.executable, "-m", "bench.bare_celery", "worker", "--url", self.url]
         cmd += ["--concurrency", str(self.concurrency)] + (["--events"] if self.bare_events else [])
         log_dir = self.tmp / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        with (log_dir / "worker-bare.log").open("ab") as log:
+        with (log_dir / "worker-bare.log").open("ab") as log, pinned(self.pin, "workers"):
             self.bare = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
     def stop_workers(self) -> None:

@@ -3,6 +3,7 @@ with their floors: a raw Redis echo between two processes and a bare Celery app.
 
     python -m bench.runtime overhead|throughput|tail|loser|all [--n N] [--json PATH]
     python -m bench.runtime growth planning [--levels 1,8,32,128] [--sizes 6,24,200]
+    python -m bench.runtime overhead --pin client=0 --pin workers=1 --pin redis=1
 
 Starts what it needs (Redis from HACO_REDIS_URL, else an embedded server in a temp dir;
 `haco worker` subprocesses with HACO_POOL_FILE=bench/fixtures/runtime_pool.toml; the
@@ -30,6 +31,7 @@ from bench.console import err, show
 from bench.hotpath_goals import GOALS
 from bench.hotpath_tables import span, times
 from bench.machine import after, machine, server_info
+from bench.pinning import pin_arg, pin_option
 from bench.rtlib import ZONE, ZONE2, Services, echo_floor, echo_peer, summary_ms
 
 BENCHES = ("overhead", "throughput", "tail", "loser")  # `all`
@@ -326,6 +328,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="HACO's workers run members through Celery's consumer, not the member lane",
     )
+    pin_arg(p)
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole run (s)")
     p.add_argument("--url", help=argparse.SUPPRESS)  # echo-peer only
     args = p.parse_args(argv)
@@ -333,6 +336,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error("--n must be at least 10")
     if args.goal_n < 10:
         p.error(f"--goal-n must be at least 10, got {args.goal_n}")
+    args.pin = pin_option(p, args.pin)
     return args
 
 
@@ -362,8 +366,11 @@ def main(argv: list[str]) -> int:
         "goals": GOALS,
         "results": {},
     }
+    report["pin"] = args.pin.describe() if args.pin is not None else None
     with tempfile.TemporaryDirectory(prefix="haco-bench-") as tmp:
-        svc = Services(Path(tmp), args.concurrency, args.bare_events, not args.celery_consumer)
+        svc = Services(
+            Path(tmp), args.concurrency, args.bare_events, not args.celery_consumer, args.pin
+        )
         report["member_lane"] = svc.lane
         report["redis"] = {
             "source": "embedded" if svc.embedded else "HACO_REDIS_URL",
