@@ -1,0 +1,112 @@
+"""bench.memberstamps: the stamps a worker notes, the parts of a call they give (which add
+up to the member's own time), the wrappers put back, and a real run on a stamped worker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from services import flush_runtime_dbs
+
+from bench import memberstamps
+from bench.memberstamps import Stamps, read_stamps, split
+from workers import lane, member
+
+
+def _clock(*times: float) -> Any:
+    it = iter(times)
+    return lambda: next(it)
+
+
+def _begun(member_id: str, made: bool) -> SimpleNamespace:
+    return SimpleNamespace(made=made, task=SimpleNamespace(member_id=member_id))
+
+
+def test_a_member_s_claim_and_call_are_stamped(tmp_path: Path) -> None:
+    out = tmp_path / "stamps.txt"
+    stamps = Stamps(out, clock=_clock(1.0, 2.0, 3.0, 4.0, 5.0))
+    record = stamps.wrap_record(lambda owner, tag, entry, begun, more: (True, None))
+    call = stamps.wrap_call(lambda task, *rest: ("result", rest))
+
+    def failing(task: Any, *rest: Any) -> Any:
+        raise RuntimeError("backend down")
+
+    assert record(None, "t1", b"e", _begun("m1", True), False) == (True, None)  # at 1.0
+    assert record(None, "t2", b"e", _begun("m2", False)) == (True, None)  # not made: no stamp
+    assert call(SimpleNamespace(member_id="m1"), "b", "s") == ("result", ("b", "s"))  # 2, 3
+    with pytest.raises(RuntimeError):
+        stamps.wrap_call(failing)(SimpleNamespace(member_id="m2"))  # 4, 5: still noted
+    assert not out.exists()  # nothing written before a flush
+    stamps.flush()
+    assert read_stamps(out) == {"m1": (1.0, 2.0, 3.0), "m2": (0.0, 4.0, 5.0)}
+    assert stamps.made == {}  # each claim stamp taken by its call
+
+
+def test_install_puts_the_wrappers_in_and_back(tmp_path: Path) -> None:
+    record, call = lane.MemberLane._record, member._call
+    restore = memberstamps.install(Stamps(tmp_path / "s.txt"))
+    try:
+        assert lane.MemberLane._record is not record and member._call is not call
+    finally:
+        restore()
+    assert lane.MemberLane._record is record and member._call is call
+
+
+def _trace(member_id: str, started: float, finished: float, status: str = "succeeded") -> Any:
+    return {
+        "member_id": member_id, "started_at_s": started, "finished_at_s": finished,
+        "status": status, "proc_latency_s": 0.2,
+    }  # fmt: skip
+
+
+def test_a_call_s_parts_add_up_to_its_member_s_own_time() -> None:
+    rows = [("g1", 10.0, 12.0), ("g2", 20.0, 21.0), ("g3", 30.0, 31.0), ("g4", 40.0, 41.0)]
+    traces = {
+        "g1": [_trace("a", 10.5, 11.5)],
+        "g2": [_trace("b", 20.1, 20.9)],  # no stamp
+        "g3": [_trace("c", 30.1, 30.9)],  # its start made in its own round trip
+        # g4: no trace
+    }
+    stamps = {"a": (10.6, 10.7, 11.4), "c": (0.0, 30.2, 30.8)}
+    parts = split(rows, traces, stamps)
+    assert parts.pop("missing") == [3.0]
+    got = {k: v[0] for k, v in parts.items()}
+    assert got["own"] == pytest.approx(1.0) and got["call"] == pytest.approx(2.0)
+    assert got["claim"] + got["handoff"] + got["backend"] + got["after"] == pytest.approx(1.0)
+    assert got["backend"] == pytest.approx(0.7) and got["beyond_draw"] == pytest.approx(0.5)
+    assert got["less_own"] == pytest.approx(1.0) and got["less_backend"] == pytest.approx(1.3)
+
+
+@pytest.fixture
+def stamped(
+    runtime_redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[memberstamps.StampedServices]:
+    monkeypatch.setenv("HACO_REDIS_URL", runtime_redis_url)
+    flush_runtime_dbs(runtime_redis_url)
+    svc = memberstamps.StampedServices(tmp_path, 2)
+    try:
+        svc.start_haco()
+        svc.start_bare()
+        yield svc
+    finally:
+        svc.close()
+        flush_runtime_dbs(runtime_redis_url)
+
+
+def test_a_run_on_a_stamped_worker_takes_every_call_apart(
+    stamped: memberstamps.StampedServices,
+) -> None:
+    res = memberstamps.run(stamped, n=20, rounds=2, warmup=5)
+    assert res["missing"] == 0 and res["bare_roundtrip"]["n"] == 20
+    parts = res["haco_1"]
+    assert all(parts[k]["n"] == 20 for k in memberstamps.PARTS), parts
+    inside = ("claim", "handoff", "backend", "after")
+    assert sum(parts[k]["mean_ms"] for k in inside) == pytest.approx(parts["own"]["mean_ms"])
+    # The backend's call is inside the member's own window: less it, a call is longer.
+    assert parts["less_backend"]["mean_ms"] > parts["less_own"]["mean_ms"] > 0
+    assert set(res["ratios"]) == {
+        f"{k}_over_bare_{q}" for k in ("less_own", "less_backend") for q in ("p50", "p99")
+    }
