@@ -1,5 +1,6 @@
-"""bench.memberstamps: the stamps a worker notes, the parts of a call they give (which add
-up to the member's own time), the wrappers put back, and a real run on a stamped worker."""
+"""bench.memberstamps and bench.stampedworker: the stamps a worker notes, the parts of a
+call they give (which add up to the member's own time), the wrappers put back, and a real
+run on a stamped worker."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 import pytest
 from services import flush_runtime_dbs
 
-from bench import memberstamps
-from bench.memberstamps import Stamps, read_stamps, split
+from bench import memberstamps, stampedworker
+from bench.memberstamps import split
+from bench.stampedworker import Stamps, read_stamps
+from coordinator.state.store import RedisStore
 from workers import lane, member
 
 
@@ -22,13 +25,14 @@ def _clock(*times: float) -> Any:
 
 
 def _begun(member_id: str, made: bool) -> SimpleNamespace:
-    return SimpleNamespace(made=made, task=SimpleNamespace(member_id=member_id))
+    return SimpleNamespace(made=made, start=SimpleNamespace(start_claim=f"start:{member_id}"))
 
 
 def test_a_member_s_claim_and_call_are_stamped(tmp_path: Path) -> None:
     out = tmp_path / "stamps.txt"
-    stamps = Stamps(out, clock=_clock(1.0, 2.0, 3.0, 4.0, 5.0))
+    stamps = Stamps(out, clock=_clock(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0))
     record = stamps.wrap_record(lambda owner, tag, entry, begun, more: (True, None))
+    start = stamps.wrap_start(lambda store, s: "started")
     call = stamps.wrap_call(lambda task, *rest: ("result", rest))
 
     def failing(task: Any, *rest: Any) -> Any:
@@ -39,20 +43,28 @@ def test_a_member_s_claim_and_call_are_stamped(tmp_path: Path) -> None:
     assert call(SimpleNamespace(member_id="m1"), "b", "s") == ("result", ("b", "s"))  # 2, 3
     with pytest.raises(RuntimeError):
         stamps.wrap_call(failing)(SimpleNamespace(member_id="m2"))  # 4, 5: still noted
+    # A start made in its own round trip (the second of two members taken together).
+    assert start(None, SimpleNamespace(start_claim="start:m3")) == "started"  # at 6.0
+    assert call(SimpleNamespace(member_id="m3")) == ("result", ())  # 7, 8
     assert not out.exists()  # nothing written before a flush
     stamps.flush()
-    assert read_stamps(out) == {"m1": (1.0, 2.0, 3.0), "m2": (0.0, 4.0, 5.0)}
+    assert read_stamps(out) == {
+        "m1": (1.0, 2.0, 3.0), "m2": (0.0, 4.0, 5.0), "m3": (6.0, 7.0, 8.0)
+    }  # fmt: skip
     assert stamps.made == {}  # each claim stamp taken by its call
 
 
 def test_install_puts_the_wrappers_in_and_back(tmp_path: Path) -> None:
     record, call = lane.MemberLane._record, member._call
-    restore = memberstamps.install(Stamps(tmp_path / "s.txt"))
+    assert "start_member" not in vars(RedisStore)  # inherited: put back by deleting
+    restore = stampedworker.install(Stamps(tmp_path / "s.txt"))
     try:
         assert lane.MemberLane._record is not record and member._call is not call
+        assert "start_member" in vars(RedisStore)
     finally:
         restore()
     assert lane.MemberLane._record is record and member._call is call
+    assert "start_member" not in vars(RedisStore)
 
 
 def _trace(member_id: str, started: float, finished: float, status: str = "succeeded") -> Any:
@@ -71,8 +83,8 @@ def test_a_call_s_parts_add_up_to_its_member_s_own_time() -> None:
         # g4: no trace
     }
     stamps = {"a": (10.6, 10.7, 11.4), "c": (0.0, 30.2, 30.8)}
-    parts = split(rows, traces, stamps)
-    assert parts.pop("missing") == [3.0]
+    parts, missing = split(rows, traces, stamps)
+    assert missing == 3
     got = {k: v[0] for k, v in parts.items()}
     assert got["own"] == pytest.approx(1.0) and got["call"] == pytest.approx(2.0)
     assert got["claim"] + got["handoff"] + got["backend"] + got["after"] == pytest.approx(1.0)
@@ -80,13 +92,28 @@ def test_a_call_s_parts_add_up_to_its_member_s_own_time() -> None:
     assert got["less_own"] == pytest.approx(1.0) and got["less_backend"] == pytest.approx(1.3)
 
 
+def test_two_members_count_from_the_fastest() -> None:
+    rows = [("g", 10.0, 12.0)]
+    # x's own time is the smaller (0.6 against 0.8); y's backend call the shorter.
+    traces = {
+        "g": [_trace("x", 10.2, 10.8), _trace("y", 10.1, 10.9), _trace("z", 10, 11, "failed")]
+    }
+    stamps = {"x": (10.3, 10.35, 10.75), "y": (10.2, 10.3, 10.6)}
+    parts, missing = split(rows, traces, stamps)
+    got = {k: v[0] for k, v in parts.items()}
+    assert missing == 0 and got["own"] == pytest.approx(0.6) and got["claim"] == pytest.approx(0.1)
+    assert got["less_own"] == pytest.approx(1.4) and got["less_backend"] == pytest.approx(1.7)
+    # A succeeded member without its stamps leaves the call out.
+    assert split(rows, traces, {"x": stamps["x"]})[1] == 1
+
+
 @pytest.fixture
 def stamped(
     runtime_redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[memberstamps.StampedServices]:
+) -> Iterator[stampedworker.StampedServices]:
     monkeypatch.setenv("HACO_REDIS_URL", runtime_redis_url)
     flush_runtime_dbs(runtime_redis_url)
-    svc = memberstamps.StampedServices(tmp_path, 2)
+    svc = stampedworker.StampedServices(tmp_path, 2)
     try:
         svc.start_haco()
         svc.start_bare()
@@ -97,16 +124,17 @@ def stamped(
 
 
 def test_a_run_on_a_stamped_worker_takes_every_call_apart(
-    stamped: memberstamps.StampedServices,
+    stamped: stampedworker.StampedServices,
 ) -> None:
     res = memberstamps.run(stamped, n=20, rounds=2, warmup=5)
-    assert res["missing"] == 0 and res["bare_roundtrip"]["n"] == 20
-    parts = res["haco_1"]
-    assert all(parts[k]["n"] == 20 for k in memberstamps.PARTS), parts
+    assert res["bare_roundtrip"]["n"] == 20
     inside = ("claim", "handoff", "backend", "after")
-    assert sum(parts[k]["mean_ms"] for k in inside) == pytest.approx(parts["own"]["mean_ms"])
-    # The backend's call is inside the member's own window: less it, a call is longer.
-    assert parts["less_backend"]["mean_ms"] > parts["less_own"]["mean_ms"] > 0
-    assert set(res["ratios"]) == {
-        f"{k}_over_bare_{q}" for k in ("less_own", "less_backend") for q in ("p50", "p99")
-    }
+    for key in ("haco_1", "haco_2"):
+        parts = res[key]
+        assert parts["missing"] == 0, parts
+        assert all(parts[k]["n"] == 20 for k in memberstamps.PARTS), parts
+        own = parts["own"]["mean_ms"]
+        assert sum(parts[k]["mean_ms"] for k in inside) == pytest.approx(own)
+        # The backend's call is inside the member's own window: less it, a call is longer.
+        assert parts["less_backend"]["mean_ms"] > parts["less_own"]["mean_ms"] > 0
+    assert len(res["ratios"]) == 8 and all(v > 0 for v in res["ratios"].values())
