@@ -1,8 +1,9 @@
-"""The cells beside the 2-member goal in docs/BENCHMARKS.md's issue-12 block
+"""The cells beside the overhead goals in docs/BENCHMARKS.md's issue-12 block
 (bench/hotpath_report.py), none of them judged: bare Celery's own second task, and
 HACO's two members in two zones, and settled (each call waiting for its loser's report
 before the next, as bare Celery's 2-task calls wait for their second task); with each
-ratio's interval over the run's blocks."""
+ratio's interval over the run's blocks. And bench.memberstamps' count of the calls less
+the backend's call alone, the member's start claim and hand-off the runtime's."""
 
 from __future__ import annotations
 
@@ -80,3 +81,30 @@ def _of_bare_two(g: Json, ratio: str) -> str:
     if p50 is None or p99 is None:
         return ""
     return f"; {times(p50)} · {times(p99)} of bare Celery's 2 tasks"
+
+
+def less_backend_rows(stamps: Json | None) -> list[list[str]]:
+    """bench.memberstamps' row, if it ran: its 1-member calls less the backend's call
+    alone against bare Celery's round trip in its own blocks, beside the goals' count of
+    the same calls, and its 2 members against 1 on both counts."""
+    if stamps is None or "haco_1" not in stamps or "less_backend" not in stamps["haco_1"]:
+        return []
+    one, bare, q = stamps["haco_1"]["less_backend"], stamps["bare_roundtrip"], stamps["ratios"]
+    return [
+        [
+            "… 1 member, its group's latency less the backend's call alone "
+            "(`bench.memberstamps`, its own blocks), p50 / p99 ms",
+            f"**{num(one['p50_ms'])} / {num(one['p99_ms'])}**",
+            "—",
+            f"round trip {num(bare['p50_ms'])} / {num(bare['p99_ms'])} in its blocks",
+            "beside the goal: the member's start claim and its hand-off, which the goals' "
+            "count books as the member's own time, counted as the runtime's",
+            f"{times(q['one_less_backend_over_bare_p50'])} · "
+            f"{times(q['one_less_backend_over_bare_p99'])} of bare (the goals' count there: "
+            f"{times(q['one_less_own_over_bare_p50'])} · "
+            f"{times(q['one_less_own_over_bare_p99'])}); 2 / 1 member "
+            f"{times(q['two_over_one_less_backend_p50'])} · "
+            f"{times(q['two_over_one_less_backend_p99'])} (the goals' count there: "
+            f"{times(q['two_over_one_less_own_p50'])} · {times(q['two_over_one_less_own_p99'])})",
+        ]
+    ]

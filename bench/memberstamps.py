@@ -207,6 +207,7 @@ def main(argv: list[str]) -> int:
             svc.start_bare()
             res = run(svc, args.n, args.rounds)
             res["redis"] = server_info(svc.app_redis)
+            res["redis"]["source"] = "embedded" if svc.embedded else "HACO_REDIS_URL"
         finally:
             svc.close()
     res["command"] = " ".join(["python -m bench.memberstamps", *argv])

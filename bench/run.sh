@@ -27,12 +27,15 @@ hotpath() {
   env -u HACO_REDIS_URL "$py" -m bench.leancall > out/bench/leancall.json
   env -u HACO_REDIS_URL "$py" -m bench.reportscript > out/bench/reportscript.json
   env -u HACO_REDIS_URL "$py" -m bench.redistime > out/bench/redistime.json
+  # A call's member window taken apart (stamped worker): the calls less the backend alone.
+  env -u HACO_REDIS_URL "$py" -m bench.memberstamps --json out/bench/memberstamps.json > /dev/null
   # The staggered tail's policy alone, offline (no services): its share of the tail goal.
   "$py" -m bench.tailpolicy > out/bench/tailpolicy.json
   "$py" -m bench.hotpath_report --runtime out/bench/runtime.json \
     --growth out/bench/growth.json --ingest out/bench/ingest.json \
     --ingest2 out/bench/ingest2.json --leancall out/bench/leancall.json \
     --reportscript out/bench/reportscript.json --celery out/bench/runtime-celery.json \
+    --memberstamps out/bench/memberstamps.json \
     --ingest-command "python -m bench.ingest --harvesters 1" \
     --ingest2-command "python -m bench.ingest --harvesters 2" --doc docs/BENCHMARKS.md
 }

@@ -263,6 +263,40 @@ def test_one_members_latency_less_its_draw_is_shown_beside_the_goal_not_judged(
     assert "met" not in row
 
 
+def _stamps() -> dict[str, Any]:
+    ratios = {
+        "one_less_own_over_bare_p50": 0.8, "one_less_own_over_bare_p99": 0.9,
+        "one_less_backend_over_bare_p50": 1.05, "one_less_backend_over_bare_p99": 1.2,
+        "two_over_one_less_own_p50": 1.46, "two_over_one_less_own_p99": 1.25,
+        "two_over_one_less_backend_p50": 1.39, "two_over_one_less_backend_p99": 1.2,
+    }  # fmt: skip
+    return {
+        "n": 1000, "rounds": 10, "bare_roundtrip": _pct(1.2, 2.5), "ratios": ratios,
+        "haco_1": {"missing": 0, "less_own": _pct(0.96, 2.25), "less_backend": _pct(1.26, 3.0)},
+        "haco_2": {"missing": 0}, "command": "python -m bench.memberstamps",
+    }  # fmt: skip
+
+
+def test_the_calls_less_the_backends_call_are_shown_beside_the_goal_not_judged(
+    tmp_path: Path,
+) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp_path, RUNTIME))
+    assert "less the backend's call alone" not in _block(doc.read_text(encoding="utf-8"))
+    stamps = tmp_path / "stamps.json"
+    stamps.write_text(json.dumps(_stamps()), encoding="utf-8")
+    args = _write(tmp_path, RUNTIME)
+    main([*args[:-2], "--memberstamps", str(stamps), *args[-2:]])
+    block = _block(doc.read_text(encoding="utf-8"))
+    row = _row(block, "… 1 member, its group's latency less the backend's call alone")
+    assert "**1.26 / 3.00**" in row and "round trip 1.20 / 2.50" in row
+    assert "1.05× · 1.20× of bare (the goals' count there: 0.80× · 0.90×)" in row
+    assert "2 / 1 member 1.39× · 1.20× (the goals' count there: 1.46× · 1.25×)" in row
+    assert "met" not in row
+    assert "`python -m bench.memberstamps`" in _row(block, "memberstamps")
+
+
 def test_one_tail_call_beside_bare_celery_is_shown_beside_the_goal_not_judged(
     tmp_path: Path,
 ) -> None:
