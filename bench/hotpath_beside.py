@@ -90,6 +90,11 @@ def less_backend_rows(stamps: Json | None) -> list[list[str]]:
     if stamps is None or "haco_1" not in stamps or "less_backend" not in stamps["haco_1"]:
         return []
     one, bare, q = stamps["haco_1"]["less_backend"], stamps["bare_roundtrip"], stamps["ratios"]
+
+    def pair(name: str) -> str:
+        """A ratio at p50 · p99, a dash for one the run could not give."""
+        return " · ".join(times(q[f"{name}_{p}"]) if f"{name}_{p}" in q else "—" for p in PCT)
+
     return [
         [
             "… 1 member, its group's latency less the backend's call alone "
@@ -99,12 +104,12 @@ def less_backend_rows(stamps: Json | None) -> list[list[str]]:
             f"round trip {num(bare['p50_ms'])} / {num(bare['p99_ms'])} in its blocks",
             "beside the goal: the member's start claim and its hand-off, which the goals' "
             "count books as the member's own time, counted as the runtime's",
-            f"{times(q['one_less_backend_over_bare_p50'])} · "
-            f"{times(q['one_less_backend_over_bare_p99'])} of bare (the goals' count there: "
-            f"{times(q['one_less_own_over_bare_p50'])} · "
-            f"{times(q['one_less_own_over_bare_p99'])}); 2 / 1 member "
-            f"{times(q['two_over_one_less_backend_p50'])} · "
-            f"{times(q['two_over_one_less_backend_p99'])} (the goals' count there: "
-            f"{times(q['two_over_one_less_own_p50'])} · {times(q['two_over_one_less_own_p99'])})",
+            f"{pair('one_less_backend_over_bare')} of bare (the goals' count there: "
+            f"{pair('one_less_own_over_bare')}); 2 / 1 member "
+            f"{pair('two_over_one_less_backend')} (the goals' count there: "
+            f"{pair('two_over_one_less_own')})",
         ]
     ]
+
+
+PCT = ("p50", "p99")

@@ -295,6 +295,16 @@ def test_the_calls_less_the_backends_call_are_shown_beside_the_goal_not_judged(
     assert "2 / 1 member 1.39× · 1.20× (the goals' count there: 1.46× · 1.25×)" in row
     assert "met" not in row
     assert "`python -m bench.memberstamps`" in _row(block, "memberstamps")
+    # A run without 2-member ratios (no call of them kept) still renders, with dashes.
+    partial = _stamps()
+    partial["ratios"] = {k: v for k, v in partial["ratios"].items() if k.startswith("one_")}
+    stamps.write_text(json.dumps(partial), encoding="utf-8")
+    main([*args[:-2], "--memberstamps", str(stamps), *args[-2:]])
+    row = _row(
+        _block(doc.read_text(encoding="utf-8")),
+        "… 1 member, its group's latency less the backend's call",
+    )
+    assert "2 / 1 member — · — (the goals' count there: — · —)" in row
 
 
 def test_one_tail_call_beside_bare_celery_is_shown_beside_the_goal_not_judged(
