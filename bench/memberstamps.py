@@ -15,8 +15,9 @@ member's own time (the goals' figure) and less the fastest backend call alone, w
 member and with two in parallel (the overhead bench's roles ``one`` and ``two``), beside
 bare Celery's round trip of an echo task, in interleaved blocks of the same run.
 
-Its calls are the overhead bench's without that bench's stage marks in the caller, so
-its goals' count runs a little below the overhead bench's on the same spell. A call
+Its calls are the overhead bench's without that bench's stage marks in the caller, in
+blocks of its own: its two counts are to be compared with each other, within one run,
+not with the overhead bench's figures. A call
 whose members lack a trace or a stamp is left out and counted (``missing``).
 Redis is HACO_REDIS_URL, else embedded; one HACO worker and one bare worker, each with
 ``--concurrency`` threads.
