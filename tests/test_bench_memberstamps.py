@@ -15,6 +15,7 @@ from services import flush_runtime_dbs
 from bench import memberstamps, stampedworker
 from bench.memberstamps import split
 from bench.stampedworker import Stamps, read_stamps
+from coordinator.runtime.liveness import start_key
 from coordinator.state.store import RedisStore
 from workers import lane, member
 
@@ -25,7 +26,7 @@ def _clock(*times: float) -> Any:
 
 
 def _begun(member_id: str, made: bool) -> SimpleNamespace:
-    return SimpleNamespace(made=made, start=SimpleNamespace(start_claim=f"start:{member_id}"))
+    return SimpleNamespace(made=made, start=SimpleNamespace(start_claim=start_key(member_id)))
 
 
 def test_a_member_s_claim_and_call_are_stamped(tmp_path: Path) -> None:
@@ -44,7 +45,7 @@ def test_a_member_s_claim_and_call_are_stamped(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         stamps.wrap_call(failing)(SimpleNamespace(member_id="m2"))  # 4, 5: still noted
     # A start made in its own round trip (the second of two members taken together).
-    assert start(None, SimpleNamespace(start_claim="start:m3")) == "started"  # at 6.0
+    assert start(None, SimpleNamespace(start_claim=start_key("m3"))) == "started"  # at 6.0
     assert call(SimpleNamespace(member_id="m3")) == ("result", ())  # 7, 8
     assert not out.exists()  # nothing written before a flush
     stamps.flush()
