@@ -83,6 +83,9 @@ def _of_bare_two(g: Json, ratio: str) -> str:
     return f"; {times(p50)} · {times(p99)} of bare Celery's 2 tasks"
 
 
+PCT = ("p50", "p99")  # the ratios' percentiles, in the row's order
+
+
 def less_backend_rows(stamps: Json | None) -> list[list[str]]:
     """bench.memberstamps' row, if it ran: its 1-member calls less the backend's call
     alone against bare Celery's round trip in its own blocks, beside the goals' count of
@@ -110,6 +113,3 @@ def less_backend_rows(stamps: Json | None) -> list[list[str]]:
             f"{pair('two_over_one_less_own')})",
         ]
     ]
-
-
-PCT = ("p50", "p99")

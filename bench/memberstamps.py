@@ -28,24 +28,26 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from bench.bare_celery import create_bare_app, send_echo
+from bench.bare_celery import create_bare_app
 from bench.console import emit
+from bench.inflight import wait_until
 from bench.machine import after, machine, server_info
-from bench.rtbench import CALL_DEADLINE_S, wait_ready
-from bench.rtlib import READY_TIMEOUT_S, ZONE, Services, bench_client, read_traces, summary_ms
-from bench.rtoverhead import TWO_MEMBERS
+from bench.rtbench import wait_ready
+from bench.rtlib import ZONE, Services, bench_client, read_traces, summary_ms
+from bench.rtoverhead import TWO_MEMBERS, Row, bare_calls, haco_calls
 from bench.stampedworker import Stamp, StampedServices, read_stamps, stamps_file
 
-SETTLE_S = 1.0  # after the last call: the last stamps written, the traces appended
+# After the last call: how long its members' stamps (written every FLUSH_S) and traces
+# may take to show; a call still without them then is left out and counted.
+SETTLE_S = 5.0
+SETTLE_POLL_S = 0.05  # each look reads the trace stream and the stamps file again
 WARMUP = 50  # unmeasured calls of each kind: connections made, scripts loaded
 ROUNDS = 10  # blocks per kind, interleaved: a slow spell falls on each alike
-BARE_KEY = "bench:stamps:bare"
 ROLES = {"one": ("haco_1", {}), "two": ("haco_2", TWO_MEMBERS)}  # role → key, options
 
 PARTS = {
@@ -60,8 +62,6 @@ PARTS = {
     "after": "· after the call, to the finish stamp",
 }
 
-Row = tuple[str, float, float]  # group id, the caller's start and end (time.time)
-
 
 def split(
     rows: list[Row], traces: dict[str, list[dict[str, Any]]], stamps: dict[str, Stamp]
@@ -72,7 +72,7 @@ def split(
     without its stamps."""
     parts: dict[str, list[float]] = {k: [] for k in PARTS}
     missing = 0
-    for gid, t0, t1 in rows:
+    for gid, t0, t1, *_ in rows:
         done = [m for m in traces.get(gid, []) if m["status"] == "succeeded"]
         got = [stamps.get(m["member_id"]) for m in done]
         if not done or any(s is None or s[0] <= 0.0 for s in got):
@@ -98,26 +98,6 @@ def _own(trace: dict[str, Any]) -> float:
     return float(trace["finished_at_s"]) - float(trace["started_at_s"])
 
 
-def _bare_block(app: Any, r: Any, n: int) -> list[float]:
-    out: list[float] = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        send_echo(app, BARE_KEY, str(i))
-        if r.brpop([BARE_KEY], timeout=READY_TIMEOUT_S) is None:
-            raise RuntimeError("bare worker silent")
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def _haco_block(client: Any, role: str, n: int) -> list[Row]:
-    rows: list[Row] = []
-    for _ in range(n):
-        t0 = time.time()
-        res = client.invoke(role, "x", deadline_s=CALL_DEADLINE_S, **ROLES[role][1])
-        rows.append((res.group_id, t0, time.time()))
-    return rows
-
-
 def run(svc: Services, n: int, rounds: int = ROUNDS, warmup: int = WARMUP) -> dict[str, Any]:
     """``n`` bare round trips and ``n`` calls of each role in ``rounds`` interleaved
     blocks, after ``warmup`` of each; ``svc``'s HACO worker is stamped
@@ -128,21 +108,27 @@ def run(svc: Services, n: int, rounds: int = ROUNDS, warmup: int = WARMUP) -> di
     bare: list[float] = []
     rows: dict[str, list[Row]] = {role: [] for role in ROLES}
     try:
-        for role in ROLES:
+        for role, (_, opts) in ROLES.items():
             wait_ready(client, role, svc)
-            _haco_block(client, role, warmup)
-        _bare_block(app, r, warmup)
+            haco_calls(client, role, warmup, opts)
+        bare_calls(app, r, warmup)
         size = max(1, n // rounds)
         while len(bare) < n:
             k = min(size, n - len(bare))
-            bare += _bare_block(app, r, k)
-            for role in ROLES:
-                rows[role] += _haco_block(client, role, k)
-        time.sleep(SETTLE_S)
+            bare += bare_calls(app, r, k)
+            for role, (_, opts) in ROLES.items():
+                rows[role] += haco_calls(client, role, k, opts)[0]
     finally:
         client.close()
         app.close()
-    stamps, traces = read_stamps(stamps_file(svc.tmp, ZONE)), read_traces(r)
+    path = stamps_file(svc.tmp, ZONE)
+    last = [rs[-1] for rs in rows.values()]  # each role's last call, the last to settle
+
+    def settled() -> bool:
+        return split(last, read_traces(r), read_stamps(path))[1] == 0
+
+    wait_until(settled, SETTLE_S, interval_s=SETTLE_POLL_S)
+    stamps, traces = read_stamps(path), read_traces(r)
     res: dict[str, Any] = {"n": n, "rounds": rounds, "bare_roundtrip": summary_ms(bare)}
     for role, (key, _) in ROLES.items():
         parts, missing = split(rows[role], traces, stamps)

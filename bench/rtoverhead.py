@@ -68,7 +68,7 @@ TWO_MEMBERS = {**HEDGED, "launch_mode": "parallel"}
 SETTLE_TIMEOUT_S = 1.0
 
 
-def _haco_calls(
+def haco_calls(
     client: HacoClient, role: str, n: int, opts: dict[str, Any], settle: redis.Redis | None = None
 ) -> tuple[list[Row], int]:
     """``n`` sequential calls of ``role``; with ``settle`` (the app database), each call
@@ -110,7 +110,7 @@ def _is_report(raw: bytes | str) -> bool:
     return text != WAKE and parse_started(text) is None and parse_closed(text) is None
 
 
-def _bare_calls(app: Any, r: redis.Redis, n: int) -> list[float]:
+def bare_calls(app: Any, r: redis.Redis, n: int) -> list[float]:
     out: list[float] = []
     for i in range(n):
         t0 = time.perf_counter()
@@ -317,7 +317,7 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
                 res = client.invoke(role, "warm", deadline_s=CALL_DEADLINE_S, **opts[role])
             _check_launched(client, role, res)
         try:
-            _bare_calls(app, r, 20)  # warm
+            bare_calls(app, r, 20)  # warm
             for tasks in BARE_SLEEP.values():
                 _bare_sleep_calls(app, r, 20, tasks, sleep_s)
         except RuntimeError as exc:
@@ -325,12 +325,12 @@ def overhead(svc: Services, n: int, rounds: int = OVERHEAD_ROUNDS) -> dict[str, 
         since = int(time.time() * 1000)
         sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
         for size in sizes:
-            bare += _bare_calls(app, r, size)
+            bare += bare_calls(app, r, size)
             for key, tasks in BARE_SLEEP.items():
                 sleeping[key] += _bare_sleep_calls(app, r, size, tasks, sleep_s)
             for k in rows:
                 role, settle = role_of[k], (r if k.endswith("-settled") else None)
-                got, missed = _haco_calls(client, role, size, opts[role], settle)
+                got, missed = haco_calls(client, role, size, opts[role], settle)
                 rows[k] += got
                 unsettled += missed
         time.sleep(0.3)  # losers still report

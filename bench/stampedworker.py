@@ -91,11 +91,14 @@ class Stamps:
             with self.out.open("a", encoding="utf-8") as f:
                 f.writelines(lines)
 
-    def flushing(self, every_s: float = FLUSH_S) -> threading.Thread:
+    def flushing(self, stop: threading.Event, every_s: float = FLUSH_S) -> threading.Thread:
+        """A thread that writes the stamps every ``every_s`` until ``stop`` is set, and
+        once more then."""
+
         def loop() -> None:
-            while True:
-                time.sleep(every_s)
+            while not stop.wait(every_s):
                 self.flush()
+            self.flush()
 
         t = threading.Thread(target=loop, name="bench-stamps", daemon=True)
         t.start()
@@ -166,11 +169,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, required=True, help="where the stamps go")
     p.add_argument("haco", nargs=argparse.REMAINDER, help="-- and haco's arguments")
     args = p.parse_args(argv)
-    stamps = Stamps(args.out)
+    stamps, stop = Stamps(args.out), threading.Event()
     install(stamps)
-    stamps.flushing()
+    writer = stamps.flushing(stop)
     sys.argv = ["haco", *[a for a in args.haco if a != "--"]]
-    runpy.run_module(HACO_CLI, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(HACO_CLI, run_name="__main__", alter_sys=True)
+    finally:  # the worker stopped (warm shutdown): its last stamps written
+        stop.set()
+        writer.join()
     return 0
 
 

@@ -4,6 +4,7 @@ run on a stamped worker."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ from services import flush_runtime_dbs
 
 from bench import memberstamps, stampedworker
 from bench.memberstamps import split
+from bench.rtoverhead import Row
 from bench.stampedworker import Stamps, read_stamps
 from coordinator.runtime.liveness import start_key
 from coordinator.state.store import RedisStore
@@ -55,6 +57,19 @@ def test_a_member_s_claim_and_call_are_stamped(tmp_path: Path) -> None:
     assert stamps.made == {}  # each claim stamp taken by its call
 
 
+def test_the_stamps_are_written_until_the_stop_and_once_after(tmp_path: Path) -> None:
+    out, stop = tmp_path / "stamps.txt", threading.Event()
+    stamps = Stamps(out, clock=_clock(1.0, 2.0, 3.0, 4.0))
+    call = stamps.wrap_call(lambda task, *rest: None)
+    call(SimpleNamespace(member_id="m1"))
+    writer = stamps.flushing(stop, every_s=60.0)  # no periodic write within the test
+    call(SimpleNamespace(member_id="m2"))
+    stop.set()
+    writer.join(timeout=10.0)
+    assert not writer.is_alive()
+    assert read_stamps(out) == {"m1": (0.0, 1.0, 2.0), "m2": (0.0, 3.0, 4.0)}
+
+
 def test_install_puts_the_wrappers_in_and_back(tmp_path: Path) -> None:
     record, call = lane.MemberLane._record, member._call
     assert "start_member" not in vars(RedisStore)  # inherited: put back by deleting
@@ -75,8 +90,14 @@ def _trace(member_id: str, started: float, finished: float, status: str = "succe
     }  # fmt: skip
 
 
+def _row(gid: str, t0: float, t1: float) -> Row:
+    """A call as the overhead bench's haco_calls gives it (its latency and winner unused)."""
+    return (gid, t0, t1, t1 - t0, "")
+
+
 def test_a_call_s_parts_add_up_to_its_member_s_own_time() -> None:
-    rows = [("g1", 10.0, 12.0), ("g2", 20.0, 21.0), ("g3", 30.0, 31.0), ("g4", 40.0, 41.0)]
+    rows = [_row("g1", 10.0, 12.0), _row("g2", 20.0, 21.0), _row("g3", 30.0, 31.0)]
+    rows.append(_row("g4", 40.0, 41.0))
     traces = {
         "g1": [_trace("a", 10.5, 11.5)],
         "g2": [_trace("b", 20.1, 20.9)],  # no stamp
@@ -94,7 +115,7 @@ def test_a_call_s_parts_add_up_to_its_member_s_own_time() -> None:
 
 
 def test_two_members_count_from_the_fastest() -> None:
-    rows = [("g", 10.0, 12.0)]
+    rows = [_row("g", 10.0, 12.0)]
     # x's own time is the smaller (0.6 against 0.8); y's backend call the shorter.
     traces = {
         "g": [_trace("x", 10.2, 10.8), _trace("y", 10.1, 10.9), _trace("z", 10, 11, "failed")]
