@@ -147,6 +147,8 @@ def _span(xs: list[float]) -> dict[str, float]:
 
 def tally(runs: list[Run]) -> dict[str, Any]:
     """The tallies the prose states, computed from the runs."""
+    if not runs:
+        raise ValueError("no runs to tally")
     judged = [verdicts(r) for r in runs]
     goals = {
         g: {

@@ -114,6 +114,8 @@ def test_a_document_without_the_section_is_refused() -> None:
         runtally.read_runs("# Benchmarks\n")
     with pytest.raises(ValueError, match="no runs table"):
         runtally.read_runs(HEAD)
+    with pytest.raises(ValueError, match="no runs to tally"):
+        runtally.tally([])
 
 
 def test_the_command_prints_json_and_names_a_bad_document(
