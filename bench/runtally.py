@@ -33,10 +33,12 @@ from bench.hotpath_goals import GOALS
 DOC = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
 SECTION = "### Issue 12 at a glance"  # the runs table is the first table after it
 ROW = re.compile(r"^\| (\d\d:\d\d) \| `([0-9a-f]{7,40})` \|(.*)\|\s*$")
-PAIR = re.compile(r"^([\d.]+)× · ([\d.]+)×$")
-PERCENTS = re.compile(r"^([\d.]+)% · ([\d.]+)%$")
-INGEST = re.compile(r"^([\d ]+) \(([\d ]+)\)$")
-TAIL = re.compile(r"^([\d.]+)×(?: at ([\d.]+)%)?(?: \(paired ([\d.]+)×\))?$")
+NUM = r"(\d+(?:\.\d+)?)"  # a figure as the report prints it: digits, a point, digits
+COUNT = r"(\d{1,3}(?: \d{3})*)"  # a rate with its thousands set apart by spaces
+PAIR = re.compile(rf"^{NUM}× · {NUM}×$")
+PERCENTS = re.compile(rf"^{NUM}% · {NUM}%$")
+INGEST = re.compile(rf"^{COUNT} \({COUNT}\)$")
+TAIL = re.compile(rf"^{NUM}×(?: at {NUM}%)?(?: \(paired {NUM}×\))?$")
 # A 1-member p50 ratio at or above this is a run on a fast spell of the machine, where
 # bare Celery's round trip shrinks and the 2-member ratio falls: the prose splits there.
 FAST_SPELL_ONE_P50 = 0.95

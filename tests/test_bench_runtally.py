@@ -101,6 +101,8 @@ def test_tied_values_share_their_average_rank() -> None:
         (AT_THRESHOLDS.replace("50 000 (80 000)", "50 000"), "ingest cell '50 000'"),
         (AT_THRESHOLDS.replace("1.05× at 5.0%", "1.05 at 5%"), "tail cell '1.05 at 5%'"),
         (AT_THRESHOLDS.replace(" | 1.05× at 5.0% |", " |"), "6 cells, expected 7"),
+        (AT_THRESHOLDS.replace("0.75× · 1.00×", "0.7.5× · 1.00×"), "'0.7.5× · 1.00×'"),
+        (AT_THRESHOLDS.replace("50 000 (80", "50 0000 (80"), "'50 0000 (80 000)'"),
     ],
 )
 def test_a_bad_cell_is_named_with_its_run(row: str, named: str) -> None:
