@@ -177,6 +177,16 @@ def _row(block: str, start: str) -> str:
     return next(line for line in block.splitlines() if line.startswith(f"| {start}"))
 
 
+def _report_without(tmp: Path, text: str) -> Path:
+    """The report written from the base runtime JSON, which lacks what ``text`` names: the
+    row's absence asserted, and the document returned for the measured run to rewrite."""
+    doc = tmp / "BENCHMARKS.md"
+    doc.write_text(DOC, encoding="utf-8")
+    main(_write(tmp, RUNTIME))
+    assert text not in _block(doc.read_text(encoding="utf-8"))
+    return doc
+
+
 def test_markers_go_after_the_intro_once_and_the_rest_is_untouched(tmp_path: Path) -> None:
     doc = tmp_path / "BENCHMARKS.md"
     doc.write_text(DOC, encoding="utf-8")
@@ -232,10 +242,7 @@ def test_the_verdicts_follow_the_numbers(tmp_path: Path) -> None:
 
 
 def test_two_members_in_two_zones_are_shown_beside_the_goal_not_judged(tmp_path: Path) -> None:
-    doc = tmp_path / "BENCHMARKS.md"
-    doc.write_text(DOC, encoding="utf-8")
-    main(_write(tmp_path, RUNTIME))  # not measured: no row
-    assert "in two zones" not in _block(doc.read_text(encoding="utf-8"))
+    doc = _report_without(tmp_path, "in two zones")  # not measured: no row
     zones = copy.deepcopy(RUNTIME)
     zones["results"]["overhead"]["haco_2_zones"] = {"overhead": _pct(1.5, 3.6)}
     assert overhead_goals(zones["results"]["overhead"])["haco_2"] is True  # unchanged
@@ -248,10 +255,7 @@ def test_two_members_in_two_zones_are_shown_beside_the_goal_not_judged(tmp_path:
 def test_one_members_latency_less_its_draw_is_shown_beside_the_goal_not_judged(
     tmp_path: Path,
 ) -> None:
-    doc = tmp_path / "BENCHMARKS.md"
-    doc.write_text(DOC, encoding="utf-8")
-    main(_write(tmp_path, RUNTIME))
-    assert "less the backend's draw alone" not in _block(doc.read_text(encoding="utf-8"))
+    doc = _report_without(tmp_path, "less the backend's draw alone")
     res = copy.deepcopy(RUNTIME)
     res["results"]["overhead"]["haco_1"]["beyond_draw"] = _pct(1.8, 3.6)
     assert overhead_goals(res["results"]["overhead"]) == overhead_goals(
@@ -280,10 +284,7 @@ def _stamps() -> dict[str, Any]:
 def test_the_calls_less_the_backends_call_are_shown_beside_the_goal_not_judged(
     tmp_path: Path,
 ) -> None:
-    doc = tmp_path / "BENCHMARKS.md"
-    doc.write_text(DOC, encoding="utf-8")
-    main(_write(tmp_path, RUNTIME))
-    assert "less the backend's call alone" not in _block(doc.read_text(encoding="utf-8"))
+    doc = _report_without(tmp_path, "less the backend's call alone")
     stamps = tmp_path / "stamps.json"
     stamps.write_text(json.dumps(_stamps()), encoding="utf-8")
     args = _write(tmp_path, RUNTIME)
@@ -310,10 +311,7 @@ def test_the_calls_less_the_backends_call_are_shown_beside_the_goal_not_judged(
 def test_one_tail_call_beside_bare_celery_is_shown_beside_the_goal_not_judged(
     tmp_path: Path,
 ) -> None:
-    doc = tmp_path / "BENCHMARKS.md"
-    doc.write_text(DOC, encoding="utf-8")
-    main(_write(tmp_path, RUNTIME))  # no bare calls in the tail: no row
-    assert "one call there" not in _block(doc.read_text(encoding="utf-8"))
+    doc = _report_without(tmp_path, "one call there")  # no bare calls in the tail: no row
     res = copy.deepcopy(RUNTIME)
     variants = res["results"]["tail"]["variants"]
     variants["none"] = {"runtime_cost": _pct(1.8, 3.7), "beyond_draw": _pct(2.6, 4.8)}
@@ -467,10 +465,7 @@ def test_without_busy_cores_the_ingest_has_no_bend_and_dashes(tmp_path: Path) ->
 def test_two_members_settled_are_shown_beside_the_goal_with_what_did_not_settle(
     tmp_path: Path,
 ) -> None:
-    doc = tmp_path / "BENCHMARKS.md"
-    doc.write_text(DOC, encoding="utf-8")
-    main(_write(tmp_path, RUNTIME))  # not measured: no row
-    assert "waiting for its loser" not in _block(doc.read_text(encoding="utf-8"))
+    doc = _report_without(tmp_path, "waiting for its loser")  # not measured: no row
     settled = copy.deepcopy(RUNTIME)
     ov = settled["results"]["overhead"]
     ov["haco_2_settled"] = {"overhead": _pct(1.3, 3.9), "unsettled_calls": 0}
