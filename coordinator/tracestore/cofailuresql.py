@@ -3,7 +3,7 @@
 The groups whose members are in the recompute's cut (the same watermark, window and
 observation filter as the profiles: coordinator.tracestore.profilesql) and that ran at
 least two distinct candidates are read in the order they completed (their last member's
-finish), and folded with :func:`coordinator.core.cofailure.fold_group`, the very fold the
+finish), and folded with :func:`coordinator.core.cofailure.fold_groups`, the very fold the
 simulator runs online. A member's failure score is the one reading of
 :func:`coordinator.core.cofailure.failure_score`: 1 when it failed (a timeout included),
 ``1 − quality`` for a success judged by the seal, 0 for a success not judged yet.
@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from coordinator.core.cofailure import CoFailure, fold_group
+from coordinator.core.cofailure import CoFailure, fold_groups
 from coordinator.core.params import ProfileSettings
 from coordinator.tracestore.profilesql import OBSERVED, OK, split_id
 
@@ -52,11 +52,14 @@ def aggregate_cofailure(
     """The co-failure evidence of the groups in the recompute's cut (module docstring)."""
     w_ms, w_seq = split_id(watermark)
     params = {"since": since, "sealed_at": sealed_at, "w_ms": w_ms, "w_seq": w_seq}
-    evidence = CoFailure()
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         rows = conn.execute(_GROUPS.encode(), params).fetchall()
-    for _group, ids, phis, done_s in rows:
-        outcomes = [(str(c), min(1.0, max(0.0, float(p)))) for c, p in zip(ids, phis, strict=True)]
-        evidence = fold_group(evidence, outcomes, float(done_s), settings)
-    return evidence
+    # One fold over every group: folding them one at a time copied the evidence's pairs
+    # per group, a quarter of the fold's time over 1M member rows (bench/recompute.py).
+    groups = (
+        ([(str(c), min(1.0, max(0.0, float(p)))) for c, p in zip(ids, phis, strict=True)],
+         float(done_s))
+        for _group, ids, phis, done_s in rows
+    )  # fmt: skip
+    return fold_groups(CoFailure(), groups, settings)
