@@ -113,7 +113,7 @@ def count(url: str, table: str) -> int:
 
 def raw_copy(url: str, rows: list[tuple[Any, ...]]) -> float:
     with psycopg.connect(url) as conn:
-        conn.execute("TRUNCATE members, invocations, link_observations")
+        conn.execute("TRUNCATE members, invocations")
         conn.commit()
         t = time.perf_counter()
         with conn.cursor() as cur:
@@ -123,7 +123,7 @@ def raw_copy(url: str, rows: list[tuple[Any, ...]]) -> float:
                     copy.write_row(row)
         conn.commit()
         elapsed = time.perf_counter() - t
-        conn.execute("TRUNCATE members, invocations, link_observations")
+        conn.execute("TRUNCATE members, invocations")
         conn.commit()
     return elapsed
 
@@ -203,7 +203,7 @@ def harvest(
     (until the stream is empty and nothing is pending, polled from here)."""
     settings = HacoSettings()
     with psycopg.connect(url) as conn:
-        conn.execute("TRUNCATE members, invocations, link_observations")
+        conn.execute("TRUNCATE members, invocations")
     r = redis.Redis.from_url(args.redis_url)
     r.delete(keys.TRACES, keys.TRACES_DEAD, keys.METRICS)
     try:

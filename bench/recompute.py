@@ -52,12 +52,6 @@ COLUMNS = (
     "finished_at, status, failure_kind, failure_reason, quality, latency_s, proc_latency_s, "
     "tokens_in, tokens_out, bytes_sent, rtt_s, bandwidth_bps, lost, stream_id"
 )
-LINKS_SQL = """
-INSERT INTO link_observations (member_id, link_id, observed_at, bytes, lost, transfer_s, rtt_s)
-SELECT member_id, caller_zone || '->' || zone, finished_at, bytes_sent, lost,
-    CASE WHEN bandwidth_bps > 0 THEN bytes_sent / bandwidth_bps END, rtt_s
-FROM members WHERE bytes_sent > 0 OR lost OR rtt_s IS NOT NULL
-"""
 
 
 def rows(n: int, candidates: int, t0: datetime, ms0: int) -> Iterator[tuple[Any, ...]]:
@@ -79,7 +73,7 @@ def rows(n: int, candidates: int, t0: datetime, ms0: int) -> Iterator[tuple[Any,
 
 
 def load(url: str, n: int, candidates: int) -> tuple[str, float]:
-    """COPY the rows, derive the link rows, ANALYZE; returns the watermark and COPY s."""
+    """COPY the rows, ANALYZE; returns the watermark and COPY s."""
     t0 = datetime.now(UTC) - timedelta(days=1)
     ms0 = int(t0.timestamp() * 1000)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -88,9 +82,7 @@ def load(url: str, n: int, candidates: int) -> tuple[str, float]:
             for row in rows(n, candidates, t0, ms0):
                 copy.write_row(row)
         copy_s = time.perf_counter() - start
-        conn.execute(LINKS_SQL)
         conn.execute("ANALYZE members")
-        conn.execute("ANALYZE link_observations")
     return f"{ms0 + (n - 1) // 4}-{(n - 1) % 4}", copy_s
 
 

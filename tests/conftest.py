@@ -123,7 +123,7 @@ def r(redis_db: redis.Redis) -> redis.Redis:
 def db(pg_url: str) -> Iterator[str]:
     """The module's database, emptied of every trace-store row before the test."""
     with psycopg.connect(pg_url) as conn:
-        conn.execute("TRUNCATE members, invocations, link_observations, profile_snapshots")
+        conn.execute("TRUNCATE members, invocations, profile_snapshots")
     yield pg_url
 
 

@@ -125,6 +125,35 @@ def test_a_batch_lands_in_members_invocations_and_links(
     assert r.pttl(keys.METRICS) > 0
 
 
+def test_the_link_view_shows_each_observed_member_that_records_a_transmission(
+    r: redis.Redis, pool: ConnectionPool, db: str
+) -> None:
+    """link_observations (a view since migration 0006) holds what the harvester's link
+    rows held: one row per member that records a transmission and is an observation."""
+    failed = {"status": "failed", "success": False, "quality": None}
+    no_link = {"bytes_sent": 0, "rtt_s": None, "bandwidth_Bps": None}
+    reports = [
+        report_json(0),
+        report_json(1, bandwidth_Bps=0.0),  # no transfer time
+        report_json(2, **no_link),  # records no transmission
+        report_json(3, **no_link, **failed, lost=True, failure_kind="network"),
+        report_json(4, **failed | {"status": "cancelled"}, failure_kind="cancelled"),  # no obs.
+    ]
+    push(r, reports)
+    assert Harvester(r, pool, settings(), "h1").run_once() == 5
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT member_id, l.link_id, l.observed_at = m.finished_at, l.bytes, l.lost, "
+            "l.transfer_s, l.rtt_s, l.leg FROM link_observations l JOIN members m "
+            "USING (member_id) ORDER BY 1"
+        ).fetchall()
+    assert rows == [
+        ("g0-m0", "eu->us", True, 4000.0, False, pytest.approx(0.004), 0.05, 0),
+        ("g0-m1", "eu->us", True, 4000.0, False, None, 0.05, 0),
+        ("g1-m3", "eu->us", True, 0.0, True, None, None, 0),
+    ]
+
+
 def test_duplicate_stream_delivery_does_not_duplicate_rows(
     r: redis.Redis, pool: ConnectionPool, db: str
 ) -> None:

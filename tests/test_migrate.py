@@ -49,8 +49,10 @@ SHIPPED = [
     "0003_endpoint_failures",
     "0004_winner_rule",
     "0005_dependence",
+    "0006_links_from_members",
 ]
-TABLES = {"invocations", "members", "link_observations", "profile_snapshots"}
+TABLES = {"invocations", "members", "profile_snapshots"}
+VIEWS = {"link_observations"}
 TIMEOUT_S = 60.0
 
 
@@ -84,6 +86,11 @@ def tables(conn: psycopg.Connection[Any]) -> set[str]:
     return {str(name) for (name,) in rows.fetchall()}
 
 
+def views(conn: psycopg.Connection[Any]) -> set[str]:
+    rows = conn.execute("SELECT viewname FROM pg_views WHERE schemaname = 'public'")
+    return {str(name) for (name,) in rows.fetchall()}
+
+
 def versions(conn: psycopg.Connection[Any]) -> list[tuple[int, str, str]]:
     query = "SELECT version, name, checksum FROM haco_schema_version ORDER BY version"
     return [(int(v), str(n), str(c)) for v, n, c in conn.execute(query).fetchall()]
@@ -110,14 +117,6 @@ def insert_member(conn: psycopg.Connection[Any], member_id: str, at: datetime, *
     conn.execute(f"INSERT INTO members ({names}) VALUES ({marks})".encode(), list(row.values()))
 
 
-def insert_link(conn: psycopg.Connection[Any], member_id: str, at: datetime) -> None:
-    conn.execute(
-        "INSERT INTO link_observations (member_id, link_id, observed_at, bytes, lost) "
-        "VALUES (%s, 'eu->us', %s, 100, false)",
-        [member_id, at],
-    )
-
-
 def noon(day: date) -> datetime:
     return datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
 
@@ -127,7 +126,7 @@ def test_apply_on_empty_database_creates_tables_with_checks(db: str) -> None:
         applied = migrate(conn)
         assert [m.label for m in applied] == SHIPPED
         assert TABLES | {"haco_schema_version"} <= tables(conn)
-        assert {"members_default", "link_observations_default"} <= tables(conn)
+        assert "members_default" in tables(conn) and views(conn) >= VIEWS
         shipped = discover_migrations()
         assert versions(conn) == [(m.version, m.name, m.checksum) for m in shipped]
         insert_member(conn, "ok", datetime.now(UTC))
@@ -153,7 +152,7 @@ def test_newer_database_is_refused(db: str) -> None:
         migrate(conn)
         conn.execute("INSERT INTO haco_schema_version VALUES (9999, 'future', 'x', now())")
         for attempt in (migrate, plan):
-            with pytest.raises(MigrationError, match=r"9999.*newer.*0005_dependence"):
+            with pytest.raises(MigrationError, match=r"9999.*newer.*0006_links_from_members"):
                 attempt(conn)
 
 
@@ -175,7 +174,7 @@ def test_dry_run_lists_pending_without_applying(db: str, migrations: Path) -> No
         (migrations / "0090_extra.sql").write_text("CREATE TABLE extra (id int);\n")
         second = plan(conn, migrations)
         assert [m.label for m in second.pending] == ["0090_extra"]
-        assert [a.version for a in second.applied] == [1, 2, 3, 4, 5]
+        assert [a.version for a in second.applied] == [1, 2, 3, 4, 5, 6]
         assert "extra" not in tables(conn)
 
 
@@ -185,7 +184,7 @@ def test_failed_migration_rolls_back_and_out_of_order_is_refused(db: str, migrat
         with pytest.raises(MigrationError, match="0091_broken"):
             migrate(conn, migrations)
         assert "half" not in tables(conn)
-        assert [v for v, _, _ in versions(conn)] == [1, 2, 3, 4, 5]  # each committed on its own
+        assert [v for v, _, _ in versions(conn)] == [1, 2, 3, 4, 5, 6]  # each committed on its own
         (migrations / "0091_broken.sql").write_text("CREATE TABLE half (id int);\n")
         assert [m.label for m in migrate(conn, migrations)] == ["0091_broken"]
         (migrations / "0090_late.sql").write_text("CREATE TABLE late (id int);\n")
@@ -227,7 +226,7 @@ def test_concurrent_migrators_apply_once(db: str, migrations: Path) -> None:
         # Each migration applied by exactly one of them (either may take the second).
         applied = sorted(label for labels in results.values() for label in labels)
         assert len(results) == 2 and applied == [*SHIPPED, "0090_extra"]
-        assert [v for v, _, _ in versions(holder)] == [1, 2, 3, 4, 5, 90]
+        assert [v for v, _, _ in versions(holder)] == [1, 2, 3, 4, 5, 6, 90]
 
 
 def test_retention_drops_only_old_partitions_and_default_rows(db: str) -> None:
@@ -235,29 +234,26 @@ def test_retention_drops_only_old_partitions_and_default_rows(db: str) -> None:
     with connect(db) as conn:
         migrate(conn)
         created = ensure_partitions(conn, 3, start=today - timedelta(days=3))
-        assert len(created) == 8
+        assert len(created) == 4
         assert ensure_partitions(conn, 3, start=today - timedelta(days=3)) == []  # idempotent
         days = [today - timedelta(days=d) for d in (3, 2, 1, 0)]
         for day in days:
-            insert_member(conn, f"m{day:%d}", noon(day))
-            insert_link(conn, f"m{day:%d}", noon(day))
+            insert_member(conn, f"m{day:%d}", noon(day), bytes_sent=100)
         ancient, future = noon(today - timedelta(days=10)), noon(today + timedelta(days=30))
         for when, tag in ((ancient, "ancient"), (future, "future")):  # default partitions
-            insert_member(conn, tag, when)
-            insert_link(conn, tag, when)
+            insert_member(conn, tag, when, bytes_sent=100)
         cutoff = noon(today - timedelta(days=2)) + timedelta(hours=1)
         dry = drop_older_than(conn, cutoff, dry_run=True)
-        old = [partition_name(t, days[0]) for t in ("link_observations", "members")]
+        old = [partition_name("members", days[0])]
         assert dry.dropped == old
-        assert dry.deleted == {"members_default": 1, "link_observations_default": 1}
+        assert dry.deleted == {"members_default": 1}
         assert partition_name("members", days[0]) in tables(conn)
 
         done = drop_older_than(conn, cutoff)
         assert done.dropped == old and done.deleted == dry.deleted
-        assert not {partition_name(t, days[0]) for t in ("members", "link_observations")} & tables(
-            conn
-        )
-        # The partition holding the cutoff stays whole: retention is by day.
+        assert partition_name("members", days[0]) not in tables(conn)
+        # The partition holding the cutoff stays whole: retention is by day. The link
+        # view shows what is left of the members.
         kept = {f"m{day:%d}" for day in days[1:]} | {"future"}
         for table in ("members", "link_observations"):
             rows = conn.execute(f"SELECT member_id FROM {table}".encode()).fetchall()
@@ -282,15 +278,12 @@ def test_new_partition_takes_its_rows_from_the_default_partition(db: str) -> Non
     with connect(db) as conn:
         migrate(conn)
         insert_member(conn, "early", noon(day))
-        insert_link(conn, "early", noon(day))
         assert ensure_partitions(conn, 0, start=day, dry_run=True) == [
-            partition_name("members", day),
-            partition_name("link_observations", day),
+            partition_name("members", day)
         ]
         ensure_partitions(conn, 0, start=day)
-        for table in ("members", "link_observations"):
-            query = f"SELECT tableoid::regclass::text FROM {table} WHERE member_id = 'early'"
-            assert conn.execute(query.encode()).fetchall() == [(partition_name(table, day),)]
+        query = "SELECT tableoid::regclass::text FROM members WHERE member_id = 'early'"
+        assert conn.execute(query).fetchall() == [(partition_name("members", day),)]
 
 
 def test_retention_needs_the_migrations(db: str) -> None:
@@ -307,9 +300,9 @@ def test_cli_migrate_and_retention(db: str, monkeypatch: pytest.MonkeyPatch) -> 
     assert "would apply" in dry.stderr
     real = runner.invoke(app, ["migrate"])
     assert real.exit_code == 0, real.output
-    assert '"version": 5' in real.stdout and "applied 0005_dependence" in real.stderr
+    assert '"version": 6' in real.stdout and "applied 0006_links_from_members" in real.stderr
     again = runner.invoke(app, ["migrate"])
-    assert "up to date at version 5" in again.stderr
+    assert "up to date at version 6" in again.stderr
     ret = runner.invoke(app, ["db", "retention", "--days-ahead", "1"])
     assert ret.exit_code == 0, ret.output
     assert f'"{partition_name("members", datetime.now(UTC).date())}"' in ret.stdout
@@ -383,7 +376,7 @@ def test_cli_migrate_on_the_embedded_server(
     runner = CliRunner()
     first = runner.invoke(app, ["migrate"])
     assert first.exit_code == 0, first.output
-    assert "(embedded)" in first.stderr and "applied 0005_dependence" in first.stderr
+    assert "(embedded)" in first.stderr and "applied 0006_links_from_members" in first.stderr
     assert discover(state_dir) is None  # the server started for the command was stopped
     second = runner.invoke(app, ["migrate"])
-    assert "up to date at version 5" in second.stderr
+    assert "up to date at version 6" in second.stderr

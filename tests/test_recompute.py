@@ -372,7 +372,7 @@ def test_the_sql_reads_every_kind_of_trace_as_observations_does(
     r: redis.Redis, pool: ConnectionPool, db: str, conn: Any, cfg: ProfileSettings
 ) -> None:
     """coordinator.core.observations.observations is the one reading of a trace; the SQL
-    (recompute and the harvester's link rows) must agree with it on every failure kind
+    (recompute and the link_observations view) must agree with it on every failure kind
     and delivery flag."""
     now = time.time()
     traces = every_kind_of_trace(now)

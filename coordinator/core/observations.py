@@ -7,7 +7,7 @@ report by the deadline = ``TIMEOUT``, a service failure), the simulator (``sim.e
 the tests, and — in SQL, built from
 the constants below and checked against this function over every failure kind and
 delivery flag (tests/test_recompute.py) — the trace store's recompute
-(``coordinator.tracestore.profilesql``) and the harvester's link rows.
+(``coordinator.tracestore.profilesql``) and the ``link_observations`` view (migration 0006).
 
 The rule:
 
@@ -79,7 +79,7 @@ def profiled_failure(failure: FailureKind | None) -> FailureKind | None:
 
 
 def records_link(trace: MemberTrace) -> bool:
-    """Whether the trace records a transmission (the harvester's link row)."""
+    """Whether the trace records a transmission (a row of the ``link_observations`` view)."""
     return trace.bytes_sent > 0 or trace.lost or trace.rtt_s is not None
 
 

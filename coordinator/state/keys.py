@@ -221,7 +221,7 @@ attempt, every credit)."""
 TRACES = f"{PREFIX}:traces"
 """Stream: one entry per executed member (field :data:`REPORT_FIELD`, a MemberReport) and
 one per closed hedge group (field :data:`VERDICT_FIELD`, a GroupVerdict), harvested into
-Postgres (members, link_observations, invocations). Writers: a worker's harvest script
+Postgres (members, invocations). Writers: a worker's harvest script
 (member_harvest.lua, with its profile fold), a group's close (close_group.lua, or a
 worker's report script making a staged close: member_report.lua).
 Capped at trace_stream_maxlen; TTL trace_stream_ttl_s, refreshed on every append.

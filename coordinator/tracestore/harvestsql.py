@@ -9,8 +9,6 @@ one snapshot) merges them:
 
 - ``members``: what is not there yet (``ON CONFLICT DO NOTHING`` on its key, member id and
   finish time, which every redelivery of an entry repeats: no second row);
-- ``link_observations``: the link row of each newly inserted member that is an observation
-  and records a transmission (the reading of :mod:`coordinator.core.observations`);
 - ``invocations``: one upsert per group, in group order (so concurrent harvesters cannot
   deadlock), adding only the newly inserted members to ``members`` and setting the
   verdict columns from the group's verdict unless it has one already: the first verdict
@@ -21,8 +19,8 @@ statement's snapshot: two harvesters storing the same verdict at the same instan
 both count it, while the row stays right).
 
 :func:`write_fresh`, for entries delivered for the first time: binary ``COPY`` straight
-into ``members`` and ``link_observations`` (link rows and per-group counts computed here,
-as the merge would), then the same ``invocations`` upsert. A row already stored makes the
+into ``members`` (the per-group counts computed here, as the merge would), then the same
+``invocations`` upsert. A row already stored makes the
 ``COPY`` fail with a unique violation, which aborts the transaction: the caller then
 stores the batch with :func:`write`, so the fast way can never double count, only fall
 back.
@@ -41,8 +39,6 @@ from typing import Any
 
 import psycopg
 
-from coordinator.core.observations import NOT_OBSERVED
-from coordinator.tracestore.profilesql import HAS_LINK, OBSERVED
 from schemas.enums import GroupState
 from schemas.models import GroupVerdict, MemberTrace
 
@@ -109,7 +105,6 @@ _VERDICT_TYPES = [
     "text", "text", "text", "text", "float8", "text", "text", "text", "float8", "float8",
     "float8", *["int8"] * 8, "text", "text", "text",
 ]  # fmt: skip
-_LINK_TYPES = ["text", "text", "int8", "float8", "bool", "float8", "float8", "int2"]
 _GROUP_TYPES = ["text", "text", "int4", "int8"]
 
 _STAGE_DDL = """
@@ -139,10 +134,6 @@ _COPY_STAGE = "COPY haco_harvest_members FROM STDIN (FORMAT BINARY)"
 _COPY_VERDICTS = "COPY haco_harvest_verdicts FROM STDIN (FORMAT BINARY)"
 _COPY_GROUPS = "COPY haco_harvest_groups FROM STDIN (FORMAT BINARY)"
 _COPY_MEMBERS = f"COPY members ({_MEMBER_COLS}) FROM STDIN (FORMAT BINARY)"
-_COPY_LINKS = (
-    "COPY link_observations (member_id, link_id, observed_at, bytes, lost, transfer_s, "
-    "rtt_s, leg) FROM STDIN (FORMAT BINARY)"
-)
 
 # The verdict columns of invocations: set once, by the group's first verdict.
 _VERDICT_COLS = (
@@ -186,16 +177,7 @@ WITH ins AS (
 ), new_members AS (
     SELECT group_id, min(role) AS role, count(*) AS n, min(started_at) AS created_at
     FROM ins GROUP BY group_id
-), {_INVOCATIONS}, links AS (
-    INSERT INTO link_observations (member_id, link_id, observed_at, bytes, lost,
-        transfer_s, rtt_s, leg)
-    SELECT b.member_id, b.caller_zone || '->' || b.zone, ins.finished_at, b.bytes_sent,
-        b.lost, CASE WHEN b.bandwidth_bps > 0 THEN b.bytes_sent / b.bandwidth_bps END, b.rtt_s, 0
-    FROM haco_harvest_members b
-    JOIN ins ON ins.member_id = b.member_id AND ins.finished_at = b.finished_at
-    WHERE {HAS_LINK} AND {OBSERVED}
-    ON CONFLICT DO NOTHING
-)
+), {_INVOCATIONS}
 SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM fresh)
 """
 
@@ -206,8 +188,6 @@ WITH new_members AS (
 ), {_INVOCATIONS}
 SELECT count(*) FROM fresh
 """
-
-_NOT_OBSERVED = frozenset(k.value for k in NOT_OBSERVED)
 
 
 def _copy(cur: psycopg.Cursor[Any], statement: str, types: Sequence[str], rows: Any) -> None:
@@ -235,31 +215,20 @@ def write(cur: psycopg.Cursor[Any], rows: list[Staged]) -> tuple[int, int]:
 @dataclass(frozen=True, slots=True)
 class FreshRows:
     """A first-delivered batch, ready for :func:`write_fresh`: member rows, verdict rows,
-    the members' link rows, and their count and earliest start per (group, role)."""
+    and the members' count and earliest start per (group, role)."""
 
     members: list[Row]
     verdicts: list[Row]
-    links: list[Row]
     groups: list[Row]
 
 
 def fresh_rows(rows: list[Staged]) -> FreshRows:
-    """What the merge would derive from new member rows, derived here: the link rows
-    (HAS_LINK AND OBSERVED, and the transfer time) and the group counts (Postgres takes
-    the minimum role, in its collation)."""
+    """What the merge would derive from new member rows, derived here: the group counts
+    (Postgres takes the minimum role, in its collation)."""
     members = [row for verdict, row in rows if not verdict]
-    links: list[Row] = []
     groups: dict[tuple[str, str], list[int]] = {}
-    link_ids: dict[tuple[str, str], str] = {}
     for row in members:
-        (mid, gid, _, role, zone, caller, _, _, _, _, started, finished, _, kind,
-         _, _, _, _, _, _, sent, rtt, bw, lost, _) = row  # fmt: skip
-        if (sent > 0 or lost or rtt is not None) and kind not in _NOT_OBSERVED:
-            link = link_ids.get((caller, zone))
-            if link is None:
-                link = link_ids[caller, zone] = f"{caller}->{zone}"
-            transfer = sent / bw if bw is not None and bw > 0 else None
-            links.append((mid, link, finished, float(sent), lost, transfer, rtt, 0))
+        gid, role, started = row[1], row[3], row[10]
         g = groups.get((gid, role))
         if g is None:
             groups[gid, role] = [1, started]
@@ -267,7 +236,7 @@ def fresh_rows(rows: list[Staged]) -> FreshRows:
             g[0] += 1
             g[1] = min(g[1], started)
     counts = [(gid, role, n, at) for (gid, role), (n, at) in groups.items()]
-    return FreshRows(members, [row for verdict, row in rows if verdict], links, counts)
+    return FreshRows(members, [row for verdict, row in rows if verdict], counts)
 
 
 def write_fresh(cur: psycopg.Cursor[Any], fresh: FreshRows) -> tuple[int, int]:
@@ -278,7 +247,6 @@ def write_fresh(cur: psycopg.Cursor[Any], fresh: FreshRows) -> tuple[int, int]:
     cur.execute(_STAGE_DDL)
     for statement, types, rows in (
         (_COPY_MEMBERS, _FRESH_TYPES, fresh.members),
-        (_COPY_LINKS, _LINK_TYPES, fresh.links),
         (_COPY_GROUPS, _GROUP_TYPES, fresh.groups),
         (_COPY_VERDICTS, _VERDICT_TYPES, fresh.verdicts),
     ):

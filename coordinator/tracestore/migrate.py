@@ -8,8 +8,9 @@ concurrent migrators apply it once, and records it with its file's SHA-256 in
 newest file, an applied migration whose file changed or is gone, and a pending file
 numbered below an applied one. :func:`plan` checks the same and changes nothing.
 
-Retention: ``members`` and ``link_observations`` are range-partitioned by UTC day into
-tables like ``members_20250131``, made ahead by :func:`ensure_partitions`.
+Retention: ``members`` is range-partitioned by UTC day into tables like
+``members_20250131``, made ahead by :func:`ensure_partitions` (``link_observations`` is a
+view of it since migration 0006).
 :func:`drop_older_than` detaches and drops whole partitions entirely before the cutoff
 (cheap). The ``*_default`` partitions only catch rows outside every created partition;
 their rows older than the cutoff are deleted row by row.
@@ -45,7 +46,7 @@ FILE_RE = re.compile(r"(\d{4})_(\w+)\.sql", re.ASCII)
 # Fixed advisory lock keys: one migrator, and one partition maintainer, at a time.
 MIGRATE_LOCK, RETENTION_LOCK = 0x4841_434F_0001, 0x4841_434F_0002
 # Partitioned table -> its partition key column.
-PARTITIONED = {"members": "finished_at", "link_observations": "observed_at"}
+PARTITIONED = {"members": "finished_at"}
 VERSION_TABLE_DDL = (
     "CREATE TABLE IF NOT EXISTS haco_schema_version (version integer PRIMARY KEY, name text "
     "NOT NULL, checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
@@ -233,9 +234,9 @@ def _create_partition(conn: Conn, table: str, column: str, day: date) -> bool:
 def ensure_partitions(
     conn: Conn, days_ahead: int = 7, *, start: date | None = None, dry_run: bool = False
 ) -> list[str]:
-    """Create the missing daily partitions of members and link_observations for ``start``
-    (default: today, UTC) and the ``days_ahead`` days after it; return their names
-    (``dry_run``: only return them)."""
+    """Create the missing daily partitions of members for ``start`` (default: today, UTC)
+    and the ``days_ahead`` days after it; return their names (``dry_run``: only return
+    them)."""
     require_autocommit(conn, "ensure_partitions")
     first = start or datetime.now(UTC).date()
     days = [first + timedelta(days=offset) for offset in range(days_ahead + 1)]

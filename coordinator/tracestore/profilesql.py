@@ -5,7 +5,8 @@ window, the candidate and link profiles that folding their observations in strea
 (:func:`coordinator.core.profiles.update_candidate` / ``update_link``) gives — the reading of
 a row is :func:`coordinator.core.observations.observations`, which the SQL below implements
 with fragments built from that module's constants (:data:`OBSERVED`, :data:`OK`,
-:data:`DELIVERED`, :data:`HAS_LINK`; the harvester's link rows use them too).
+:data:`DELIVERED`, :data:`HAS_LINK`; migration 0006's ``link_observations`` view states
+the same link condition).
 
 - Without decay (the default) one parallel scan groups by (candidate, caller zone, zone)
   with plain counts and sums; Python adds the groups up per candidate and per link.
@@ -17,17 +18,15 @@ with fragments built from that module's constants (:data:`OBSERVED`, :data:`OK`,
   candidate by finish time (an index scan of ``members_candidate_finished``), ordered by
   stream id: exactly the fold's unless a trace reached the stream more than
   ``SLACK`` traces of its candidate after it finished.
-- Link profiles are read from the members' link columns — the very values the harvester
-  copies into ``link_observations``, one row per member (leg 0) — so the watermark
-  applies without joining the two tables (a 1M × 1M join alone takes ~2 s). Each row is
-  one trial for the loss rate (a call is lost or not: ``LinkObservation.can_be_lost``).
+- Link profiles are read from the members' link columns (the ``link_observations`` view
+  shows them as one observation per member, leg 0). Each row is one trial for the loss
+  rate (a call is lost or not: ``LinkObservation.can_be_lost``).
 - The recent-bandwidth window of each link (``LinkProfile.recent_bandwidth_Bps``) comes
-  from its newest rows by observation time (an index scan of
-  ``link_observations_link_observed``, each row joined to its member by primary key for
-  the watermark and the stream order), ordered by stream id, like the latency window:
-  exactly the fold's unless a trace reached the stream more than ``LINK_SLACK`` traces
-  of its link after it finished (and then a few of the newest values differ, which
-  moves a median little).
+  from its newest rows with a bandwidth by finish time (an index scan of the partial
+  index ``members_link_finished``, migration 0006), ordered by stream id, like the
+  latency window: exactly the fold's unless a trace reached the stream more than
+  ``LINK_SLACK`` traces of its link after it finished (and then a few of the newest
+  values differ, which moves a median little).
 """
 
 from __future__ import annotations
@@ -187,25 +186,24 @@ CROSS JOIN LATERAL (
 """
 
 
-# Per link, its newest delivered bandwidth observations by observation time (index scan of
-# link_observations, joined to members by primary key): the recent-bandwidth window, the
-# same value and condition as ``bw`` in _ROWS (observations: bytes / (bytes / bandwidth)).
+# Per link, its newest delivered bandwidth observations by finish time: the recent-bandwidth
+# window, the same value and condition as ``bw`` in _ROWS (observations: bytes / (bytes /
+# bandwidth)). The three conditions on lost, bandwidth and bytes are the predicate of the
+# partial index members_link_finished (migrations/0006): stated here as there, so the
+# planner can scan it by link, newest first.
 _NEWEST_BW = f"""
 SELECT l.src, l.dst, kept.bws
 FROM unnest(%(srcs)s::text[], %(dsts)s::text[]) AS l(src, dst)
 CROSS JOIN LATERAL (
     SELECT array_agg(bw ORDER BY ms, seq) AS bws FROM (
         SELECT * FROM (
-            SELECT m.bytes_sent / (m.bytes_sent / m.bandwidth_bps) AS bw,
-                split_part(m.stream_id, '-', 1)::bigint AS ms,
-                split_part(m.stream_id, '-', 2)::bigint AS seq
-            FROM link_observations lo
-            JOIN members m ON m.member_id = lo.member_id AND m.finished_at = lo.observed_at
-            WHERE lo.link_id = l.src || '->' || l.dst AND lo.leg = 0
-                AND lo.observed_at >= %(since)s AND m.caller_zone = l.src AND m.zone = l.dst
-                AND {_FILTER}
-                AND NOT m.lost AND m.bandwidth_bps > 0 AND m.bytes_sent > 0
-            ORDER BY lo.observed_at DESC LIMIT %(bw_scan)s
+            SELECT bytes_sent / (bytes_sent / bandwidth_bps) AS bw,
+                split_part(stream_id, '-', 1)::bigint AS ms,
+                split_part(stream_id, '-', 2)::bigint AS seq
+            FROM members
+            WHERE caller_zone = l.src AND zone = l.dst AND {_FILTER}
+                AND NOT lost AND bandwidth_bps > 0 AND bytes_sent > 0
+            ORDER BY finished_at DESC LIMIT %(bw_scan)s
         ) newest ORDER BY ms DESC, seq DESC LIMIT %(bandwidth_window)s
     ) kept
 ) kept

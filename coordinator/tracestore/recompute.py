@@ -36,7 +36,7 @@ as delivered.
 Known limits, by design of the data, not of the split: a trace dead-lettered or trimmed
 from the stream before it was stored is in the online deltas until the recompute and not
 in the snapshot after it; link profiles online fold every leg of a call (request and
-response) while the trace store keeps one link row per member, so a link's bandwidth
+response) while the trace store keeps one link observation per member, so a link's bandwidth
 and RTT counts per call differ before and after adoption (its loss rate does not: a call
 is one trial either way, ``LinkObservation.can_be_lost``, except for a simulated
 scenario with ``lossy_legs = "both"``); a late judgement (workers.judge) is in the
