@@ -5,10 +5,12 @@ is adopted by another process.
 
 Creates a throwaway database in the Postgres at --pg-url (dropped at the end), applies
 the migrations, COPYs --rows synthetic member rows (finished within the last day, stream
-ids increasing) and derives one link observation per member as the harvester does. Then:
+ids increasing; the link observations are a view of them, migration 0006). Then:
 
 - aggregation: the recompute's SQL (coordinator.tracestore.recompute.aggregate) over every row,
   median of --repeats, with no decay (the default) and with a half-life in observations;
+- co-failure: the recompute's other read, the groups' co-failure evidence
+  (coordinator.tracestore.cofailuresql, its SQL and its fold), with no decay;
 - recompute: a whole ``recompute()`` (seal, wait, aggregate, insert, publish) on Redis
   database --redis-url (flushed first and last), median of --repeats;
 - adoption: a second process polls ``RedisStore.load_view`` (what every invocation
@@ -43,6 +45,7 @@ from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.core.percentiles import lower
 from coordinator.state import epochs
 from coordinator.state.store import RedisStore
+from coordinator.tracestore.cofailuresql import aggregate_cofailure
 from coordinator.tracestore.profilesql import aggregate
 from coordinator.tracestore.recompute import recompute
 
@@ -95,6 +98,19 @@ def time_aggregate(url: str, watermark: str, cfg: ProfileSettings, repeats: int)
             cands, _ = aggregate(conn, watermark, now - timedelta(days=7), now, cfg)
             out.append(time.perf_counter() - start)
             assert cands, "no candidate aggregated"
+    return out
+
+
+def time_cofailure(url: str, watermark: str, cfg: ProfileSettings, repeats: int) -> list[float]:
+    """The recompute's other read: the co-failure evidence of the groups (SQL and fold)."""
+    now = datetime.now(UTC)
+    out = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            evidence = aggregate_cofailure(conn, watermark, now - timedelta(days=7), now, cfg)
+            out.append(time.perf_counter() - start)
+            assert evidence.pairs, "no candidate pair folded"
     return out
 
 
@@ -198,6 +214,7 @@ def main() -> None:
             by_obs = ProfileSettings(half_life=1000.0, decay_unit=DecayUnit.OBSERVATIONS)
             agg = time_aggregate(url, watermark, ProfileSettings(), args.repeats)
             agg_decay = time_aggregate(url, watermark, by_obs, args.repeats)
+            cofail = time_cofailure(url, watermark, ProfileSettings(), args.repeats)
             whole = time_recompute(url, args.redis_url, args.repeats)
             adopt = adoption(args.redis_url, args.samples, args.candidates)
         finally:
@@ -209,6 +226,7 @@ def main() -> None:
         "copy_s": copy_s,
         "aggregate_s": {"runs": agg, "median": statistics.median(agg)},
         "aggregate_decay_obs_s": {"runs": agg_decay, "median": statistics.median(agg_decay)},
+        "cofailure_s": {"runs": cofail, "median": statistics.median(cofail)},
         "recompute_s": {
             "runs": [w["total_s"] for w in whole],
             "median": statistics.median(w["total_s"] for w in whole),
@@ -226,6 +244,8 @@ def main() -> None:
     t.add_row("aggregation SQL, no decay (s)", f"{result['aggregate_s']['median']:.3f}", fmt(agg))
     t.add_row("aggregation SQL, decay by observations (s)",
               f"{result['aggregate_decay_obs_s']['median']:.3f}", fmt(agg_decay))  # fmt: skip
+    t.add_row("co-failure evidence, no decay (s: SQL and fold)",
+              f"{result['cofailure_s']['median']:.3f}", fmt(cofail))  # fmt: skip
     t.add_row("whole recompute (s, goal ≤ 2)", f"{result['recompute_s']['median']:.3f}",
               fmt(result["recompute_s"]["runs"]))  # fmt: skip
     t.add_row("snapshot adoption by a 2nd process p50 / p95 (ms)",
