@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from polling import wait_for
 from psycopg import errors as pg_errors
+from psycopg import sql
 from services import UNREACHABLE_PG_URL, empty_database, private_state_dir
 from typer.testing import CliRunner
 
@@ -227,6 +228,38 @@ def test_concurrent_migrators_apply_once(db: str, migrations: Path) -> None:
         applied = sorted(label for labels in results.values() for label in labels)
         assert len(results) == 2 and applied == [*SHIPPED, "0090_extra"]
         assert [v for v, _, _ in versions(holder)] == [1, 2, 3, 4, 5, 6, 90]
+
+
+def test_0006_keeps_a_stores_link_observations_readable(db: str, migrations: Path) -> None:
+    """A store at 0005 holds link rows, some in a daily partition: 0006 drops the table
+    with its partitions, and the view shows the same observations, from the members."""
+    later = migrations / "0006_links_from_members.sql"
+    text = later.read_text()
+    later.unlink()
+    at, day = noon(datetime.now(UTC).date()), datetime.now(UTC).date()
+    link_cols = "member_id, link_id, observed_at, bytes, lost, transfer_s, rtt_s, leg"
+    read = f"SELECT {link_cols} FROM link_observations ORDER BY member_id"
+    with connect(db) as conn:
+        migrate(conn, migrations)
+        part = partition_name("link_observations", day)
+        bounds = [sql.Literal(at + timedelta(hours=h)) for h in (-12, 12)]
+        ddl = "CREATE TABLE {} PARTITION OF link_observations FOR VALUES FROM ({}) TO ({})"
+        conn.execute(sql.SQL(ddl).format(sql.Identifier(part), *bounds))
+        rows = [("a", 800, 0.02, 8e3, False), ("b", 0, None, None, True)]
+        for mid, sent, rtt, bw, lost in rows:
+            insert_member(conn, mid, at, bytes_sent=sent, rtt_s=rtt, bandwidth_bps=bw, lost=lost)
+            conn.execute(
+                f"INSERT INTO link_observations ({link_cols}) VALUES "
+                "(%s, 'eu->us', %s, %s, %s, %s, %s, 0)".encode(),
+                [mid, at, sent, lost, sent / bw if bw else None, rtt],
+            )
+        insert_member(conn, "c", at)  # records no transmission: no link row
+        before = conn.execute(read.encode()).fetchall()
+        assert part in tables(conn) and [r[0] for r in before] == ["a", "b"]
+        later.write_text(text)
+        assert [m.label for m in migrate(conn, migrations)] == ["0006_links_from_members"]
+        assert conn.execute(read.encode()).fetchall() == before
+        assert part not in tables(conn) and "link_observations" in views(conn)
 
 
 def test_retention_drops_only_old_partitions_and_default_rows(db: str) -> None:
