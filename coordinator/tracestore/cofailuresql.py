@@ -26,22 +26,26 @@ from coordinator.tracestore.profilesql import OBSERVED, OK, split_id
 
 Conn = psycopg.Connection[Any]
 
+# The arrays are in no particular order (the fold sorts a group's candidates itself), and
+# "two distinct candidates" is min <> max: per-group sorts for either cost Postgres 0.7 s
+# of 1.8 s over 1M member rows (bench/recompute.py). done_s as float8, not numeric,
+# which is slow to decode.
 _GROUPS = f"""
 SELECT group_id,
-       array_agg(candidate_id ORDER BY candidate_id) AS ids,
+       array_agg(candidate_id) AS ids,
        array_agg(CASE WHEN {OK}
                       THEN CASE WHEN quality IS NOT NULL
                                  AND (judged_at IS NULL OR judged_at <= %(sealed_at)s)
                                 THEN 1.0 - quality ELSE 0.0 END
-                      ELSE 1.0 END ORDER BY candidate_id) AS phis,
-       extract(epoch FROM max(finished_at)) AS done_s
+                      ELSE 1.0 END) AS phis,
+       extract(epoch FROM max(finished_at))::float8 AS done_s
 FROM members
 WHERE finished_at >= %(since)s
   AND {OBSERVED}
   AND (split_part(stream_id, '-', 1)::bigint, split_part(stream_id, '-', 2)::bigint)
       <= (%(w_ms)s, %(w_seq)s)
 GROUP BY group_id
-HAVING count(DISTINCT candidate_id) >= 2
+HAVING min(candidate_id) <> max(candidate_id)
 ORDER BY done_s, group_id
 """
 
@@ -54,7 +58,7 @@ def aggregate_cofailure(
     params = {"since": since, "sealed_at": sealed_at, "w_ms": w_ms, "w_seq": w_seq}
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        rows = conn.execute(_GROUPS.encode(), params).fetchall()
+        rows = conn.execute(_GROUPS.encode(), params, binary=True).fetchall()
     # One fold over every group: folding them one at a time copied the evidence's pairs
     # per group, a quarter of the fold's time over 1M member rows (bench/recompute.py).
     groups = (
