@@ -20,6 +20,7 @@ from coordinator.core.cofailure import (
     dependence,
     failure_score,
     fold_group,
+    fold_groups,
     merge,
 )
 from coordinator.core.joint import JointModel
@@ -287,6 +288,27 @@ def test_merge_of_folds_equals_one_fold() -> None:
         for key, p in whole.pairs.items():
             q = merged.pairs[key]
             assert (q.n, q.s_a, q.s_b, q.s_ab) == pytest.approx((p.n, p.s_a, p.s_b, p.s_ab))
+
+
+@pytest.mark.parametrize("unit", list(DecayUnit))
+def test_the_fold_without_decay_gives_the_decayed_folds_floats_at_weight_one(
+    unit: DecayUnit,
+) -> None:
+    """fold_groups keeps plain sums when nothing decays; a half-life so long that every
+    weight is exactly 1 takes the decaying path: the two must agree to the last bit,
+    from a start, with retries and groups of one candidate among the groups."""
+    rng = np.random.default_rng(9)
+    ids = [f"c{i}" for i in range(6)]
+    groups = []
+    for t in range(300):
+        picked = [str(c) for c in rng.choice(ids, size=int(rng.integers(1, 5)))]
+        groups.append(([(c, float(rng.choice([0.0, 1.0, rng.random()]))) for c in picked], t * 0.7))
+    endless = ProfileSettings(half_life=1e308, decay_unit=unit)
+    assert endless.half_life < math.inf
+    start = fold_groups(CoFailure(), groups[:50], endless)
+    plain = fold_groups(start, groups[50:], SETTINGS)
+    decayed = fold_groups(start, groups[50:], endless)
+    assert plain.pairs == decayed.pairs and len(plain.pairs) > 10
 
 
 def test_failure_scores_and_bad_input() -> None:

@@ -118,19 +118,26 @@ def fold_group(
     return fold_groups(evidence, [(outcomes, at_s)], settings)
 
 
+def _scores(outcomes: Sequence[tuple[str, float]]) -> dict[str, float]:
+    by_id: dict[str, float] = {}
+    for cid, phi in outcomes:
+        if not 0.0 <= phi <= 1.0:
+            raise InputError(f"failure score {phi!r} of {cid!r}; expected a number in [0, 1]")
+        by_id[cid] = phi  # a candidate twice in one group (a retry) counts once
+    return by_id
+
+
 def fold_groups(
     evidence: CoFailure,
     groups: Iterable[tuple[Sequence[tuple[str, float]], float]],
     settings: ProfileSettings,
 ) -> CoFailure:
     """Fold many groups ``(outcomes, at_s)`` in order (one copy of the pairs in all)."""
+    if math.isinf(settings.half_life):
+        return _fold_undecayed(evidence, groups)
     pairs = dict(evidence.pairs)
     for outcomes, at_s in groups:
-        by_id: dict[str, float] = {}
-        for cid, phi in outcomes:
-            if not 0.0 <= phi <= 1.0:
-                raise InputError(f"failure score {phi!r} of {cid!r}; expected a number in [0, 1]")
-            by_id[cid] = phi  # a candidate twice in one group (a retry) counts once
+        by_id = _scores(outcomes)
         ids = sorted(by_id)
         for i, a in enumerate(ids):
             for b in ids[i + 1 :]:
@@ -138,6 +145,47 @@ def fold_groups(
                 w = decay_weight(settings, old.last_seen_s, at_s)
                 pairs[(a, b)] = old.add(by_id[a], by_id[b], w, at_s)
     return CoFailure(pairs)
+
+
+@dataclass(slots=True)
+class _Sums:
+    """PairStats while folding with no decay: updated in place."""
+
+    n: float
+    s_a: float
+    s_b: float
+    s_ab: float
+    observations: int
+    last_seen_s: float | None
+
+
+def _fold_undecayed(
+    evidence: CoFailure, groups: Iterable[tuple[Sequence[tuple[str, float]], float]]
+) -> CoFailure:
+    """:func:`fold_groups` with no decay (every weight 1): the same sums in the same order,
+    so the same floats, updated in place. A new PairStats per pair and group made most of
+    the recompute's fold time (bench/recompute.py)."""
+    sums = {k: _Sums(p.n, p.s_a, p.s_b, p.s_ab, p.observations, p.last_seen_s)
+            for k, p in evidence.pairs.items()}  # fmt: skip
+    for outcomes, at_s in groups:
+        by_id = _scores(outcomes)
+        ids = sorted(by_id)
+        for i, a in enumerate(ids):
+            phi_a = by_id[a]
+            for b in ids[i + 1 :]:
+                phi_b = by_id[b]
+                s = sums.get((a, b))
+                if s is None:
+                    sums[(a, b)] = _Sums(1.0, phi_a, phi_b, phi_a * phi_b, 1, at_s)
+                    continue
+                s.n += 1.0
+                s.s_a += phi_a
+                s.s_b += phi_b
+                s.s_ab += phi_a * phi_b
+                s.observations += 1
+                s.last_seen_s = at_s
+    return CoFailure({k: PairStats(s.n, s.s_a, s.s_b, s.s_ab, s.observations, s.last_seen_s)
+                      for k, s in sums.items()})  # fmt: skip
 
 
 def encode(evidence: CoFailure) -> str:
