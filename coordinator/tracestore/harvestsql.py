@@ -20,10 +20,12 @@ both count it, while the row stays right).
 
 :func:`write_fresh`, for entries delivered for the first time: binary ``COPY`` straight
 into ``members`` (the per-group counts computed here, as the merge would), then the same
-``invocations`` upsert. A row already stored makes the
-``COPY`` fail with a unique violation, which aborts the transaction: the caller then
-stores the batch with :func:`write`, so the fast way can never double count, only fall
-back.
+``invocations`` upsert. A row already stored makes the ``COPY`` fail with a unique
+violation, which aborts the transaction: the caller then stores the batch with
+:func:`write`, so the fast way can never double count, only fall back.
+
+Link observations are not stored apart: ``link_observations`` is a view of ``members``
+(migration 0006).
 
 Timestamps travel as microseconds since 2000-01-01 (:func:`epoch_us`, the exact
 arithmetic of Postgres' ``to_timestamp``), in binary ``int8``: that is the binary form of
