@@ -30,7 +30,7 @@ import json
 import multiprocessing as mp
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -89,29 +89,33 @@ def load(url: str, n: int, candidates: int) -> tuple[str, float]:
     return f"{ms0 + (n - 1) // 4}-{(n - 1) % 4}", copy_s
 
 
-def time_aggregate(url: str, watermark: str, cfg: ProfileSettings, repeats: int) -> list[float]:
+def _timed(url: str, repeats: int, read: Callable[[Any, datetime, datetime], Any]) -> list[float]:
+    """Seconds of ``read(conn, since, now)`` over the last week, --repeats times."""
     now = datetime.now(UTC)
     out = []
     with psycopg.connect(url, autocommit=True) as conn:
         for _ in range(repeats):
             start = time.perf_counter()
-            cands, _ = aggregate(conn, watermark, now - timedelta(days=7), now, cfg)
+            got = read(conn, now - timedelta(days=7), now)
             out.append(time.perf_counter() - start)
-            assert cands, "no candidate aggregated"
+            assert got, f"{read.__name__} read nothing"
     return out
+
+
+def time_aggregate(url: str, watermark: str, cfg: ProfileSettings, repeats: int) -> list[float]:
+    def profiles(conn: Any, since: datetime, now: datetime) -> Any:
+        return aggregate(conn, watermark, since, now, cfg)[0]
+
+    return _timed(url, repeats, profiles)
 
 
 def time_cofailure(url: str, watermark: str, cfg: ProfileSettings, repeats: int) -> list[float]:
     """The recompute's other read: the co-failure evidence of the groups (SQL and fold)."""
-    now = datetime.now(UTC)
-    out = []
-    with psycopg.connect(url, autocommit=True) as conn:
-        for _ in range(repeats):
-            start = time.perf_counter()
-            evidence = aggregate_cofailure(conn, watermark, now - timedelta(days=7), now, cfg)
-            out.append(time.perf_counter() - start)
-            assert evidence.pairs, "no candidate pair folded"
-    return out
+
+    def cofailure(conn: Any, since: datetime, now: datetime) -> Any:
+        return aggregate_cofailure(conn, watermark, since, now, cfg).pairs
+
+    return _timed(url, repeats, cofailure)
 
 
 def time_recompute(url: str, redis_url: str, repeats: int) -> list[dict[str, Any]]:
