@@ -17,6 +17,7 @@ from coordinator.core.cofailure import (
     Dependence,
     Domain,
     Member,
+    PairStats,
     dependence,
     failure_score,
     fold_group,
@@ -26,6 +27,7 @@ from coordinator.core.cofailure import (
 from coordinator.core.joint import JointModel
 from coordinator.core.params import DecayUnit, PolicyParams, ProfileSettings
 from coordinator.core.policy import CandidateArrays, allocate
+from coordinator.core.profiles import decay_weight
 from coordinator.errors import InputError
 from schemas.enums import StopReason
 
@@ -290,25 +292,60 @@ def test_merge_of_folds_equals_one_fold() -> None:
             assert (q.n, q.s_a, q.s_b, q.s_ab) == pytest.approx((p.n, p.s_a, p.s_b, p.s_ab))
 
 
-@pytest.mark.parametrize("unit", list(DecayUnit))
-def test_the_fold_without_decay_gives_the_decayed_folds_floats_at_weight_one(
-    unit: DecayUnit,
-) -> None:
-    """fold_groups keeps plain sums when nothing decays; a half-life so long that every
-    weight is exactly 1 takes the decaying path: the two must agree to the last bit,
-    from a start, with retries and groups of one candidate among the groups."""
-    rng = np.random.default_rng(9)
+def _groups_with_retries(seed: int) -> list[tuple[list[tuple[str, float]], float]]:
+    rng = np.random.default_rng(seed)
     ids = [f"c{i}" for i in range(6)]
     groups = []
     for t in range(300):
         picked = [str(c) for c in rng.choice(ids, size=int(rng.integers(1, 5)))]
         groups.append(([(c, float(rng.choice([0.0, 1.0, rng.random()]))) for c in picked], t * 0.7))
+    return groups
+
+
+@pytest.mark.parametrize("unit", list(DecayUnit))
+def test_the_fold_without_decay_gives_the_decayed_folds_floats_at_weight_one(
+    unit: DecayUnit,
+) -> None:
+    """No decay and a half-life so long that every weight is exactly 1 fold to the same
+    floats, from a start, with retries and groups of one candidate among the groups."""
+    groups = _groups_with_retries(9)
     endless = ProfileSettings(half_life=1e308, decay_unit=unit)
     assert endless.half_life < math.inf
     start = fold_groups(CoFailure(), groups[:50], endless)
     plain = fold_groups(start, groups[50:], SETTINGS)
     decayed = fold_groups(start, groups[50:], endless)
     assert plain.pairs == decayed.pairs and len(plain.pairs) > 10
+
+
+def _one_pairstats_per_step(
+    evidence: CoFailure, groups: list[tuple[list[tuple[str, float]], float]], prof: ProfileSettings
+) -> dict[tuple[str, str], PairStats]:
+    """The fold as the definition reads: a new PairStats per pair and group."""
+    pairs = dict(evidence.pairs)
+    for outcomes, at_s in groups:
+        by_id = dict(outcomes)  # a retried candidate: its last score
+        ids = sorted(by_id)
+        for a, b in itertools.combinations(ids, 2):
+            old = pairs.get((a, b)) or PairStats()
+            w = decay_weight(prof, old.last_seen_s, at_s)
+            pa, pb = by_id[a], by_id[b]
+            sums = (old.n * w + 1.0, old.s_a * w + pa, old.s_b * w + pb, old.s_ab * w + pa * pb)
+            pairs[(a, b)] = PairStats(*sums, old.observations + 1, at_s)
+    return pairs
+
+
+@pytest.mark.parametrize(
+    "prof",
+    [SETTINGS, ProfileSettings(half_life=30.0, decay_unit=DecayUnit.OBSERVATIONS),
+     ProfileSettings(half_life=40.0, decay_unit=DecayUnit.SECONDS)],
+    ids=["none", "observations", "seconds"],
+)  # fmt: skip
+def test_the_in_place_fold_is_the_fold_by_definition_to_the_bit(prof: ProfileSettings) -> None:
+    groups = _groups_with_retries(11)
+    start = fold_groups(CoFailure(), groups[:40], prof)
+    assert start.pairs == _one_pairstats_per_step(CoFailure(), groups[:40], prof)
+    got = fold_groups(start, groups[40:], prof)
+    assert got.pairs == _one_pairstats_per_step(start, groups[40:], prof)
 
 
 def test_failure_scores_and_bad_input() -> None:

@@ -72,16 +72,6 @@ class PairStats:
     observations: int = 0
     last_seen_s: float | None = None
 
-    def add(self, phi_a: float, phi_b: float, w: float, at_s: float) -> PairStats:
-        return PairStats(
-            self.n * w + 1.0,
-            self.s_a * w + phi_a,
-            self.s_b * w + phi_b,
-            self.s_ab * w + phi_a * phi_b,
-            self.observations + 1,
-            at_s,
-        )
-
     @property
     def excess(self) -> float:
         """Σφ_aφ_b − Σφ_aΣφ_b/n: observed joint failure beyond independence."""
@@ -132,60 +122,43 @@ def fold_groups(
     groups: Iterable[tuple[Sequence[tuple[str, float]], float]],
     settings: ProfileSettings,
 ) -> CoFailure:
-    """Fold many groups ``(outcomes, at_s)`` in order (one copy of the pairs in all)."""
-    if math.isinf(settings.half_life):
-        return _fold_undecayed(evidence, groups)
-    pairs = dict(evidence.pairs)
-    for outcomes, at_s in groups:
-        by_id = _scores(outcomes)
-        ids = sorted(by_id)
-        for i, a in enumerate(ids):
-            for b in ids[i + 1 :]:
-                old = pairs.get((a, b)) or PairStats()
-                w = decay_weight(settings, old.last_seen_s, at_s)
-                pairs[(a, b)] = old.add(by_id[a], by_id[b], w, at_s)
-    return CoFailure(pairs)
-
-
-@dataclass(slots=True)
-class _Sums:
-    """PairStats while folding with no decay: updated in place."""
-
-    n: float
-    s_a: float
-    s_b: float
-    s_ab: float
-    observations: int
-    last_seen_s: float | None
-
-
-def _fold_undecayed(
-    evidence: CoFailure, groups: Iterable[tuple[Sequence[tuple[str, float]], float]]
-) -> CoFailure:
-    """:func:`fold_groups` with no decay (every weight 1): the same sums in the same order,
-    so the same floats, updated in place. A new PairStats per pair and group made most of
-    the recompute's fold time (bench/recompute.py)."""
+    """Fold many groups ``(outcomes, at_s)`` in order. Each pair's sums are updated in
+    place while folding: a new PairStats per pair and group made most of the recompute's
+    fold time (bench/recompute.py)."""
     sums = {k: _Sums(p.n, p.s_a, p.s_b, p.s_ab, p.observations, p.last_seen_s)
             for k, p in evidence.pairs.items()}  # fmt: skip
     for outcomes, at_s in groups:
         by_id = _scores(outcomes)
         ids = sorted(by_id)
         for i, a in enumerate(ids):
-            phi_a = by_id[a]
             for b in ids[i + 1 :]:
-                phi_b = by_id[b]
                 s = sums.get((a, b))
                 if s is None:
-                    sums[(a, b)] = _Sums(1.0, phi_a, phi_b, phi_a * phi_b, 1, at_s)
-                    continue
-                s.n += 1.0
-                s.s_a += phi_a
-                s.s_b += phi_b
-                s.s_ab += phi_a * phi_b
-                s.observations += 1
-                s.last_seen_s = at_s
+                    s = sums[(a, b)] = _Sums()
+                s.add(by_id[a], by_id[b], decay_weight(settings, s.last_seen_s, at_s), at_s)
     return CoFailure({k: PairStats(s.n, s.s_a, s.s_b, s.s_ab, s.observations, s.last_seen_s)
                       for k, s in sums.items()})  # fmt: skip
+
+
+@dataclass(slots=True)
+class _Sums:
+    """A pair's PairStats while folding, updated in place."""
+
+    n: float = 0.0
+    s_a: float = 0.0
+    s_b: float = 0.0
+    s_ab: float = 0.0
+    observations: int = 0
+    last_seen_s: float | None = None
+
+    def add(self, phi_a: float, phi_b: float, w: float, at_s: float) -> None:
+        """One group's outcomes, after decaying the sums by ``w`` (1.0 without decay)."""
+        self.n = self.n * w + 1.0
+        self.s_a = self.s_a * w + phi_a
+        self.s_b = self.s_b * w + phi_b
+        self.s_ab = self.s_ab * w + phi_a * phi_b
+        self.observations += 1
+        self.last_seen_s = at_s
 
 
 def encode(evidence: CoFailure) -> str:
