@@ -22,7 +22,7 @@ from rich.table import Table
 from bench.console import show
 from bench.rtlib import Services
 from coordinator.config import HacoSettings
-from coordinator.core.cofailure import CoFailure, Member, PairStats, dependence, pair_key
+from coordinator.core.cofailure import CoFailure, Member, PairStats, dependence, fold_groups
 from coordinator.core.evidence import PoolMember, build_view, link_id, payload_bytes
 from coordinator.core.methods import Haco
 from coordinator.core.params import ProfileSettings
@@ -95,16 +95,14 @@ def fill_profiles(client: HacoClient, rng: np.random.Generator) -> None:
 
 def zone_cofailure(cands: Sequence[Candidate], rng: np.random.Generator) -> CoFailure:
     """Evidence that the candidates of a zone fail together (every same-zone pair)."""
-    pairs = {}
+    pairs: dict[tuple[str, str], PairStats] = {}
     for i, a in enumerate(cands):
         for b in cands[i + 1 :]:
             if a.zone != b.zone:
                 continue
-            p = PairStats()
-            for k in range(20):
-                both = float(rng.uniform() < 0.15)
-                p = p.add(both, both, 1.0, float(k))
-            pairs[pair_key(a.id, b.id)] = p
+            both = [float(rng.uniform() < 0.15) for _ in range(20)]
+            groups = [([(a.id, f), (b.id, f)], float(k)) for k, f in enumerate(both)]
+            pairs |= fold_groups(CoFailure(), groups, ProfileSettings()).pairs
     return CoFailure(pairs)
 
 
