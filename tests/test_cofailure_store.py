@@ -15,7 +15,7 @@ from test_recompute import drain, hsettings, make_trace, record
 
 from coordinator.core.cofailure import CoFailure, failure_score, fold_groups
 from coordinator.core.observations import NOT_OBSERVED, succeeded
-from coordinator.core.params import ProfileSettings
+from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
 from coordinator.tracestore.db import connect
@@ -26,16 +26,22 @@ from schemas.models import MemberTrace
 CANDS = ["c0", "c1", "c2", "c3"]
 
 
-def groups_of_traces(n: int, seed: int, now: float) -> list[list[MemberTrace]]:
+def groups_of_traces(
+    n: int, seed: int, now: float, ties_and_retries: bool = False
+) -> list[list[MemberTrace]]:
+    """``ties_and_retries``: groups complete three at a time (folded in group id order,
+    g10 before g9) and a member is sometimes retried (the same outcome twice)."""
     rng = random.Random(seed)
     groups = []
     for g in range(n):
         members = rng.sample(CANDS, rng.randint(1, 3))
-        done = now + g
+        done = now + (g // 3 if ties_and_retries else g)
         group = []
         for k, cand in enumerate(members):
             t = make_trace(g, cand, rng, done - 0.1 * k)
             group.append(t.model_copy(update={"member_id": f"g{g}.{k}", "rank": k}))
+        if ties_and_retries and rng.random() < 0.3:
+            group.append(group[0].model_copy(update={"member_id": f"g{g}.r"}))
         groups.append(group)
     return groups
 
@@ -54,14 +60,22 @@ def expected(groups: list[list[MemberTrace]], cfg: ProfileSettings) -> CoFailure
     return fold_groups(CoFailure(), [(o, at) for at, o, _ in folded], cfg)
 
 
-@pytest.mark.parametrize("cfg", [ProfileSettings(), ProfileSettings(half_life=40.0)])
+@pytest.mark.parametrize(
+    ("cfg", "ties_and_retries"),
+    [
+        (ProfileSettings(), False),
+        (ProfileSettings(half_life=40.0), False),
+        (ProfileSettings(half_life=4.0), True),
+        (ProfileSettings(half_life=30.0, decay_unit=DecayUnit.SECONDS), True),
+    ],
+)
 def test_the_recompute_publishes_the_folded_co_failure_evidence(
-    r: redis.Redis, pool: ConnectionPool, db: str, cfg: ProfileSettings
+    r: redis.Redis, pool: ConnectionPool, db: str, cfg: ProfileSettings, ties_and_retries: bool
 ) -> None:
     now = time.time()
     store = RedisStore(r, cfg)
     assert store.load_cofailure() is None  # no snapshot yet
-    groups = groups_of_traces(150, 3, now)
+    groups = groups_of_traces(150, 3, now, ties_and_retries)
     for group in groups:
         for t in group:
             record(store, t, cfg)
