@@ -12,7 +12,9 @@ ids increasing; the link observations are a view of them, migration 0006). Then:
 - co-failure: the recompute's other read, the groups' co-failure evidence
   (coordinator.tracestore.cofailuresql, its SQL and its fold), with no decay;
 - recompute: a whole ``recompute()`` (seal, wait, aggregate, insert, publish) on Redis
-  database --redis-url (flushed first and last), median of --repeats;
+  database --redis-url (flushed first and last), median of --repeats, with the
+  co-failure read on a second connection at the same time as the profiles' (as
+  ``recompute_once`` runs it) and, alternating with it, on the same connection after it;
 - adoption: a second process polls ``RedisStore.load_view`` (what every invocation
   does) for the pool's candidates; the main process publishes --samples snapshots and
   the poller reports when it first saw each version. Latency = seen - publish started
@@ -118,19 +120,27 @@ def time_cofailure(url: str, watermark: str, cfg: ProfileSettings, repeats: int)
     return _timed(url, repeats, cofailure)
 
 
-def time_recompute(url: str, redis_url: str, repeats: int) -> list[dict[str, Any]]:
+def time_recompute(
+    url: str, redis_url: str, repeats: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Whole recomputes, alternating: the two reads on two connections, then on one."""
     client = redis.Redis.from_url(redis_url)
     s = HacoSettings(recompute_wait_s=5.0)
-    out = []
+    two: list[dict[str, Any]] = []
+    one: list[dict[str, Any]] = []
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
+        with (
+            psycopg.connect(url, autocommit=True) as conn,
+            psycopg.connect(url, autocommit=True) as other,
+        ):
             for _ in range(repeats):
-                start = time.perf_counter()
-                res = recompute(client, conn, s)
-                out.append({**res.to_dict(), "total_s": time.perf_counter() - start})
+                for second, out in ((other, two), (None, one)):
+                    start = time.perf_counter()
+                    res = recompute(client, conn, s, None, second)
+                    out.append({**res.to_dict(), "total_s": time.perf_counter() - start})
     finally:
         client.close()
-    return out
+    return two, one
 
 
 def poller(redis_url: str, ids: list[str], links: list[str], q: Any, stop: Any) -> None:
@@ -219,7 +229,7 @@ def main() -> None:
             agg = time_aggregate(url, watermark, ProfileSettings(), args.repeats)
             agg_decay = time_aggregate(url, watermark, by_obs, args.repeats)
             cofail = time_cofailure(url, watermark, ProfileSettings(), args.repeats)
-            whole = time_recompute(url, args.redis_url, args.repeats)
+            whole, whole_one = time_recompute(url, args.redis_url, args.repeats)
             adopt = adoption(args.redis_url, args.samples, args.candidates)
         finally:
             r.flushdb()
@@ -235,6 +245,10 @@ def main() -> None:
             "runs": [w["total_s"] for w in whole],
             "median": statistics.median(w["total_s"] for w in whole),
             "last": whole[-1],
+        },
+        "recompute_one_connection_s": {
+            "runs": [w["total_s"] for w in whole_one],
+            "median": statistics.median(w["total_s"] for w in whole_one),
         },
         "adoption": adopt,
         "goal_recompute_s": 2.0,
@@ -252,6 +266,9 @@ def main() -> None:
               f"{result['cofailure_s']['median']:.3f}", fmt(cofail))  # fmt: skip
     t.add_row("whole recompute (s, goal ≤ 2)", f"{result['recompute_s']['median']:.3f}",
               fmt(result["recompute_s"]["runs"]))  # fmt: skip
+    one = result["recompute_one_connection_s"]
+    t.add_row("  the same, both reads on one connection (s)", f"{one['median']:.3f}",
+              fmt(one["runs"]))  # fmt: skip
     t.add_row("snapshot adoption by a 2nd process p50 / p95 (ms)",
               f"{adopt['p50_ms']:.2f} / {adopt['p95_ms']:.2f}",
               f"{adopt['samples']} samples")  # fmt: skip

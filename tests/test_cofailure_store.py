@@ -8,6 +8,7 @@ import random
 import time
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from psycopg_pool import ConnectionPool
@@ -16,6 +17,7 @@ from test_recompute import drain, hsettings, make_trace, record
 from coordinator.core.cofailure import CoFailure, failure_score, fold_groups
 from coordinator.core.observations import NOT_OBSERVED, succeeded
 from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.errors import DatabaseError, InputError
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
 from coordinator.tracestore.db import connect
@@ -69,9 +71,11 @@ def expected(groups: list[list[MemberTrace]], cfg: ProfileSettings) -> CoFailure
         (ProfileSettings(half_life=30.0, decay_unit=DecayUnit.SECONDS), True),
     ],
 )
+@pytest.mark.parametrize("two_connections", [False, True])
 def test_the_recompute_publishes_the_folded_co_failure_evidence(
-    r: redis.Redis, pool: ConnectionPool, db: str, cfg: ProfileSettings, ties_and_retries: bool
-) -> None:
+    r: redis.Redis, pool: ConnectionPool, db: str, cfg: ProfileSettings, ties_and_retries: bool,
+    two_connections: bool,
+) -> None:  # fmt: skip
     now = time.time()
     store = RedisStore(r, cfg)
     assert store.load_cofailure() is None  # no snapshot yet
@@ -80,8 +84,8 @@ def test_the_recompute_publishes_the_folded_co_failure_evidence(
         for t in group:
             record(store, t, cfg)
     drain(Harvester(r, pool, hsettings(), "h"))
-    with connect(db) as conn:
-        result = recompute(r, conn, hsettings(), cfg)
+    with connect(db) as conn, connect(db) as other:
+        result = recompute(r, conn, hsettings(), cfg, other if two_connections else None)
         assert result.adopted
         stored: Any = conn.execute(
             "SELECT cofailure FROM profile_snapshots WHERE version = %s", [result.version]
@@ -105,3 +109,32 @@ def test_the_memory_store_hands_back_what_was_set() -> None:
     ev = fold_groups(CoFailure(), [([("a", 1.0), ("b", 0.0)], 1.0)], ProfileSettings())
     store.set_cofailure(ev)
     assert store.load_cofailure() is ev
+
+
+def test_a_failed_co_failure_read_fails_the_recompute_which_the_next_one_resumes(
+    r: redis.Redis, pool: ConnectionPool, db: str
+) -> None:
+    cfg = ProfileSettings()
+    store = RedisStore(r, cfg)
+    groups = groups_of_traces(30, 5, time.time())
+    for group in groups:
+        for t in group:
+            record(store, t, cfg)
+    drain(Harvester(r, pool, hsettings(), "h"))
+    with connect(db) as conn:
+        closed = connect(db)
+        closed.close()
+        with pytest.raises(DatabaseError, match="recompute failed in the trace store"):
+            recompute(r, conn, hsettings(), cfg, closed)
+        assert store.load_cofailure() is None  # nothing published
+        with connect(db) as other:
+            result = recompute(r, conn, hsettings(), cfg, other)
+    assert result.adopted and result.resumed  # the lock was released, the seal kept
+    got = store.load_cofailure()
+    assert got is not None and sorted(got.pairs) == sorted(expected(groups, cfg).pairs)
+
+
+def test_the_co_failure_connection_must_be_autocommit(r: redis.Redis, db: str) -> None:
+    expect = pytest.raises(InputError, match="co-failure read got a connection with autocommit")
+    with connect(db) as conn, psycopg.connect(db) as tx, expect:
+        recompute(r, conn, hsettings(), ProfileSettings(), tx)

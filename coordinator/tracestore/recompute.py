@@ -19,7 +19,9 @@ One recompute (:func:`recompute`), serialised by a Postgres advisory lock:
    :class:`ProfileSettings`: the profile that folding the same observations
    (:func:`coordinator.core.observations.observations`) gives.
    The co-failure evidence of the same cut (coordinator.tracestore.cofailuresql) comes
-   with it.
+   with it, read at the same time on a second connection when the caller gives one
+   (`recompute_once` does): each read is one Postgres backend and the other's Python
+   work waits on the network or in numpy, so the two overlap.
 4. **Publish**: insert into ``profile_snapshots`` (``version`` is its bigserial), then in
    one Redis ``MULTI`` replace the snapshot (epoch ``e``, watermark ``W``) and delete the
    deltas of epochs ``<= e`` (:func:`coordinator.state.epochs.publish`). Readers merge the
@@ -52,6 +54,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -145,18 +148,23 @@ def recompute(
     conn: Conn,
     settings: HacoSettings,
     profile: ProfileSettings | None = None,
+    cofailure_conn: Conn | None = None,
 ) -> RecomputeResult:
     """One recompute (module docstring). ``conn``: an autocommit connection to the trace
-    store; ``r``: the application database. Raises StoreError (the harvester is behind,
-    Redis failed) or DatabaseError."""
+    store; ``cofailure_conn``: another, on which the co-failure evidence is read while
+    ``conn`` reads the profiles (without it, one after the other on ``conn``); ``r``: the
+    application database. Raises StoreError (the harvester is behind, Redis failed) or
+    DatabaseError."""
     profile = profile or ProfileSettings()
     require_autocommit(conn, "recompute")
+    if cofailure_conn is not None:
+        require_autocommit(cofailure_conn, "recompute's co-failure read")
     try:
         got = conn.execute("SELECT pg_try_advisory_lock(%s)", [RECOMPUTE_LOCK]).fetchone()
         if not (got and got[0]):
             return RecomputeResult(None, -1, "", 0, 0, False, False, 0.0, 0.0, 0.0, 0.0)
         try:
-            return _locked(r, conn, settings, profile)
+            return _locked(r, (conn, cofailure_conn or conn), settings, profile)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", [RECOMPUTE_LOCK])
     except psycopg.Error as exc:
@@ -165,9 +173,25 @@ def recompute(
         raise StoreError(f"redis failed during the recompute: {exc}") from exc
 
 
+def _read(
+    conns: tuple[Conn, Conn], seal: epochs.Seal, since: datetime, sealed_at: datetime,
+    profile: ProfileSettings,
+) -> tuple[tuple[dict[str, CandidateProfile], dict[str, LinkProfile]], CoFailure]:  # fmt: skip
+    """The cut's profiles and co-failure evidence; at once when the connections differ."""
+    conn, other = conns
+    if other is conn:
+        snap = aggregate(conn, seal.watermark, since, sealed_at, profile)
+        return snap, aggregate_cofailure(conn, seal.watermark, since, sealed_at, profile)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="haco-cofailure") as pool:
+        cofail = pool.submit(aggregate_cofailure, other, seal.watermark, since, sealed_at, profile)
+        snap = aggregate(conn, seal.watermark, since, sealed_at, profile)
+        return snap, cofail.result()
+
+
 def _locked(
-    r: redis.Redis, conn: Conn, settings: HacoSettings, profile: ProfileSettings
+    r: redis.Redis, conns: tuple[Conn, Conn], settings: HacoSettings, profile: ProfileSettings
 ) -> RecomputeResult:
+    conn = conns[0]
     t0 = time.perf_counter()
     seal = epochs.seal(r, settings.profile_ttl_s)
     t1 = time.perf_counter()
@@ -175,8 +199,7 @@ def _locked(
     t2 = time.perf_counter()
     sealed_at = datetime.fromtimestamp(seal.sealed_ms / 1000, UTC)
     since = datetime.fromtimestamp(seal.sealed_ms / 1000 - settings.recompute_window_s, UTC)
-    snap = aggregate(conn, seal.watermark, since, sealed_at, profile)
-    cofail = aggregate_cofailure(conn, seal.watermark, since, sealed_at, profile)
+    snap, cofail = _read(conns, seal, since, sealed_at, profile)
     version, created = _insert(conn, seal, snap, settings, profile, cofail)
     t3 = time.perf_counter()
     meta = {
@@ -198,7 +221,7 @@ def _locked(
 def recompute_once(
     r: redis.Redis, url: str, settings: HacoSettings, profile: ProfileSettings | None = None
 ) -> RecomputeResult:
-    """Connect to the trace store at ``url``, recompute, close (the Celery task and
-    `haco recompute`)."""
-    with connect(url) as conn:
-        return recompute(r, conn, settings, profile)
+    """Connect to the trace store at ``url`` (twice: the two reads overlap), recompute,
+    close (the Celery task and `haco recompute`)."""
+    with connect(url) as conn, connect(url) as cofailure_conn:
+        return recompute(r, conn, settings, profile, cofailure_conn)
