@@ -26,6 +26,7 @@ is moving 1M member rows through Postgres and into Python, so the query moves li
 from __future__ import annotations
 
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -94,17 +95,18 @@ def aggregate_cofailure(
     ids = sorted(keys)  # code point order: a pair is kept as (a, b) with a < b
     by_key = np.array([keys[c] for c in ids], dtype=np.int64)
     key_order = np.argsort(by_key)
-    members = np.frombuffer(b"".join(r[1] for r in rows), dtype=_MEMBER)
+    members = np.frombuffer(b"".join(map(itemgetter(1), rows)), dtype=_MEMBER)
     at = key_order[np.searchsorted(by_key[key_order], members["key"]).clip(0, len(ids) - 1)]
     if not (by_key[at] == members["key"]).all():
         raise DatabaseError("a member's candidate key is not among the listed candidates")
-    done_s = np.fromiter((r[2] for r in rows), np.float64, len(rows))
+    done_s = np.fromiter(map(itemgetter(2), rows), np.float64, len(rows))
     order = np.argsort(done_s, kind="stable")
     if (np.diff(done_s[order]) == 0).any():  # ties: by group id
         order = np.lexsort((np.array([r[0] for r in rows]), done_s))
     rank = np.empty(len(rows), np.int64)
     rank[order] = np.arange(len(rows))
-    sizes = np.fromiter((len(r[1]) for r in rows), np.int64, len(rows)) // _MEMBER.itemsize
+    packed = map(len, map(itemgetter(1), rows))
+    sizes = np.fromiter(packed, np.int64, len(rows)) // _MEMBER.itemsize
     group = np.repeat(rank, sizes)
     phi = np.clip(members["phi"], 0.0, 1.0)
     return fold_batch(ids, group, at, phi, done_s[order], settings)
