@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from coordinator.core.cofailure import CoFailure, fold_groups
-from coordinator.core.cofailure_batch import fold_batch
+from coordinator.core.cofailure_batch import _order, fold_batch
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.errors import InputError
 
@@ -100,3 +100,13 @@ def test_groups_of_one_candidate_and_no_groups_give_no_evidence() -> None:
 def test_bad_input_is_named(ids: list[str], arrays: tuple[list[float], ...], message: str) -> None:
     with pytest.raises(InputError, match=message.replace("(", r"\(")):
         fold_batch(ids, *(np.array(a) for a in arrays), ProfileSettings())
+
+
+@pytest.mark.parametrize("major_top", [50, 2**61])  # the combined key, then the fallback
+def test_the_order_is_by_major_then_minor_and_stable(major_top: int) -> None:
+    rng = np.random.default_rng(4)
+    major = rng.integers(0, 6, 500) * (major_top // 5)
+    minor = rng.integers(0, 7, 500)
+    got = _order(major, minor, 7)
+    want = sorted(range(500), key=lambda i: (major[i], minor[i], i))
+    assert got.tolist() == want
