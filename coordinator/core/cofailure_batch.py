@@ -1,9 +1,10 @@
 """The co-failure fold (coordinator.core.cofailure.fold_groups) over many groups at once,
 in arrays: what the profile recompute runs over a window of stored groups.
 
-Folding 333k groups one at a time in Python took the recompute 2 s of its 3.6 s co-failure
-read over 1M member rows (bench/recompute.py); here every step is a numpy pass. The value
-is the fold's, from no evidence, over the same groups in the same order:
+Reading 333k groups' arrays into Python objects and folding them one at a time made most
+of the recompute's 3.5 s co-failure read over 1M member rows (bench/recompute.py); here
+every step is a numpy pass over the packed members. The value is the fold's, from no
+evidence, over the same groups in the same order:
 
 - a candidate twice in one group (a retry) counts once, with its last score, as in the
   fold;
