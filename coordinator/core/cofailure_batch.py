@@ -53,8 +53,9 @@ def fold_batch(
     key, g, pa, pb = key[order], g[order], pa[order], pb[order]
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     last = np.r_[starts[1:], key.size] - 1
-    slot = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, key.size]))
-    w = _weights(g, at_s, starts, slot, settings)
+    counts = last - starts + 1
+    slot = np.repeat(np.arange(starts.size), counts)
+    w = _weights(g, at_s, starts, last, slot, settings)
     n_pairs = starts.size
 
     def total(x: np.ndarray) -> np.ndarray:
@@ -63,7 +64,6 @@ def fold_batch(
 
     ones = np.ones(key.size)
     sums = (total(ones), total(pa), total(pb), total(pa * pb))
-    counts = np.diff(np.r_[starts, key.size])
     pairs = {}
     for i, s in enumerate(starts):
         k = int(key[s])
@@ -139,11 +139,12 @@ def _pairs(
 
 
 def _weights(
-    g: np.ndarray, at_s: np.ndarray, starts: np.ndarray, slot: np.ndarray,
+    g: np.ndarray, at_s: np.ndarray, starts: np.ndarray, last: np.ndarray, slot: np.ndarray,
     settings: ProfileSettings,
 ) -> np.ndarray | None:  # fmt: skip
     """Each pair observation's weight at the end of the fold: 0.5 to the power of the
-    half-lives its pair's later observations decay it by; None without decay."""
+    half-lives its pair's later observations decay it by; None without decay. Pair
+    ``slot[j]`` holds observations ``starts[slot[j]] … last[slot[j]]``."""
     if math.isinf(settings.half_life):
         return None
     if settings.decay_unit is DecayUnit.OBSERVATIONS:
@@ -156,5 +157,4 @@ def _weights(
     # sum (and its rounding) small.
     step[starts] = 0.0
     run = np.cumsum(step)
-    end = run[np.r_[starts[1:], g.size] - 1]
-    return np.asarray(0.5 ** (end[slot] - run))
+    return np.asarray(0.5 ** (run[last][slot] - run))

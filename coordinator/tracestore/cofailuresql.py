@@ -105,8 +105,8 @@ def aggregate_cofailure(
         order = np.lexsort((np.array([r[0] for r in rows]), done_s))
     rank = np.empty(len(rows), np.int64)
     rank[order] = np.arange(len(rows))
-    packed = map(len, map(itemgetter(1), rows))
-    sizes = np.fromiter(packed, np.int64, len(rows)) // _MEMBER.itemsize
+    lengths = map(len, map(itemgetter(1), rows))
+    sizes = np.fromiter(lengths, np.int64, len(rows)) // _MEMBER.itemsize
     group = np.repeat(rank, sizes)
     phi = np.clip(members["phi"], 0.0, 1.0)
     return fold_batch(ids, group, at, phi, done_s[order], settings)

@@ -164,7 +164,7 @@ def recompute(
         if not (got and got[0]):
             return RecomputeResult(None, -1, "", 0, 0, False, False, 0.0, 0.0, 0.0, 0.0)
         try:
-            return _locked(r, (conn, cofailure_conn or conn), settings, profile)
+            return _locked(r, conn, cofailure_conn, settings, profile)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", [RECOMPUTE_LOCK])
     except psycopg.Error as exc:
@@ -174,12 +174,11 @@ def recompute(
 
 
 def _read(
-    conns: tuple[Conn, Conn], seal: epochs.Seal, since: datetime, sealed_at: datetime,
+    conn: Conn, other: Conn | None, seal: epochs.Seal, since: datetime, sealed_at: datetime,
     profile: ProfileSettings,
 ) -> tuple[tuple[dict[str, CandidateProfile], dict[str, LinkProfile]], CoFailure]:  # fmt: skip
-    """The cut's profiles and co-failure evidence; at once when the connections differ."""
-    conn, other = conns
-    if other is conn:
+    """The cut's profiles and co-failure evidence; at once when there is ``other``."""
+    if other is None:
         snap = aggregate(conn, seal.watermark, since, sealed_at, profile)
         return snap, aggregate_cofailure(conn, seal.watermark, since, sealed_at, profile)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="haco-cofailure") as pool:
@@ -189,9 +188,9 @@ def _read(
 
 
 def _locked(
-    r: redis.Redis, conns: tuple[Conn, Conn], settings: HacoSettings, profile: ProfileSettings
-) -> RecomputeResult:
-    conn = conns[0]
+    r: redis.Redis, conn: Conn, other: Conn | None, settings: HacoSettings,
+    profile: ProfileSettings,
+) -> RecomputeResult:  # fmt: skip
     t0 = time.perf_counter()
     seal = epochs.seal(r, settings.profile_ttl_s)
     t1 = time.perf_counter()
@@ -199,7 +198,7 @@ def _locked(
     t2 = time.perf_counter()
     sealed_at = datetime.fromtimestamp(seal.sealed_ms / 1000, UTC)
     since = datetime.fromtimestamp(seal.sealed_ms / 1000 - settings.recompute_window_s, UTC)
-    snap, cofail = _read(conns, seal, since, sealed_at, profile)
+    snap, cofail = _read(conn, other, seal, since, sealed_at, profile)
     version, created = _insert(conn, seal, snap, settings, profile, cofail)
     t3 = time.perf_counter()
     meta = {
