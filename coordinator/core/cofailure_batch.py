@@ -12,7 +12,8 @@ evidence, over the same groups in the same order:
   In the fold a group's term is multiplied by each later group's weight; here it is
   multiplied once by 0.5 to the power of the summed half-lives that elapse after it
   (observations, or seconds since the pair's previous group, as
-  coordinator.core.profiles.decay_weight measures them). Without decay every weight is
+  coordinator.core.profiles.decay_weight measures them:
+  coordinator.core.decay_batch.fold_weights). Without decay every weight is
   exactly 1 and the sums are added in the fold's order, so the evidence is the fold's to
   the bit; with decay it differs by rounding (relative 1e-12 in the tests).
 
@@ -21,13 +22,13 @@ Pure: no I/O; validated once here (ids in order, scores in [0, 1], indices in ra
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from coordinator.core.cofailure import CoFailure, PairStats
-from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.decay_batch import fold_weights
+from coordinator.core.params import ProfileSettings
 from coordinator.errors import InputError
 
 
@@ -55,7 +56,7 @@ def fold_batch(
     last = np.r_[starts[1:], key.size] - 1
     counts = last - starts + 1
     slot = np.repeat(np.arange(starts.size), counts)
-    w = _weights(g, at_s, starts, last, slot, settings)
+    w = fold_weights(starts, key.size, at_s[g], settings)
     n_pairs = starts.size
 
     def total(x: np.ndarray) -> np.ndarray:
@@ -136,25 +137,3 @@ def _pairs(
         return empty_i, empty_i, empty_i, empty_f, empty_f
     g, a, b, pa, pb = (np.concatenate(x) for x in zip(*parts, strict=True))
     return g, a, b, pa, pb
-
-
-def _weights(
-    g: np.ndarray, at_s: np.ndarray, starts: np.ndarray, last: np.ndarray, slot: np.ndarray,
-    settings: ProfileSettings,
-) -> np.ndarray | None:  # fmt: skip
-    """Each pair observation's weight at the end of the fold: 0.5 to the power of the
-    half-lives its pair's later observations decay it by; None without decay. Pair
-    ``slot[j]`` holds observations ``starts[slot[j]] … last[slot[j]]``."""
-    if math.isinf(settings.half_life):
-        return None
-    if settings.decay_unit is DecayUnit.OBSERVATIONS:
-        step = np.full(g.size, 1.0 / settings.half_life)
-    else:
-        t = at_s[g]
-        step = np.maximum(0.0, np.r_[0.0, np.diff(t)]) / settings.half_life
-    # Half-lives after observation j of its pair: the pair's total less the running sum.
-    # A pair's first step is never after anything of its pair; zero, it keeps the running
-    # sum (and its rounding) small.
-    step[starts] = 0.0
-    run = np.cumsum(step)
-    return np.asarray(0.5 ** (run[last][slot] - run))
