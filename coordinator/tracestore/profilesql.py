@@ -10,10 +10,12 @@ the same link condition).
 
 - Without decay (the default) one parallel scan groups by (candidate, caller zone, zone)
   with plain counts and sums; Python adds the groups up per candidate and per link.
-- With a half-life every row gets the weight it has in the fold's final profile, from
-  window functions in stream order (a sort: slower, see bench/recompute.py): by
-  observations ``0.5^(later observations / h)``, by seconds ``0.5^(Σ later max(0, Δt) /
-  h)``, the product of the fold's per-step factors.
+- With a half-life every row gets the weight it has in the fold's final profile
+  (:func:`coordinator.core.decay_batch.fold_weights`: by observations ``0.5^(later
+  observations / h)``, by seconds ``0.5^(Σ later max(0, Δt) / h)``, the product of the
+  fold's per-step factors), which needs each candidate's and link's rows in stream
+  order: the same rows, read the same way, are packed per group by a parallel scan and
+  weighted in numpy (:mod:`coordinator.tracestore.profilepacked`).
 - The recent-latency window and ``last_seen_s`` come from the newest rows of each
   candidate by finish time (an index scan of ``members_candidate_finished``), ordered by
   stream id: exactly the fold's unless a trace reached the stream more than
@@ -45,13 +47,22 @@ from coordinator.core.observations import (
     NOT_OBSERVED,
     SERVICE_FAILURES,
 )
-from coordinator.core.params import DecayUnit, ProfileSettings
+from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
     PRIOR_ALPHA,
     PRIOR_BETA,
     CandidateProfile,
     LinkProfile,
     Moments,
+)
+from coordinator.tracestore.profilepacked import (
+    CAND_FLAGS,
+    CAND_VALUES,
+    FLAGS,
+    LINK_VALUES,
+    VALUES,
+    fields,
+    packed_sums,
 )
 from schemas.enums import FailureKind
 
@@ -94,69 +105,66 @@ FROM (SELECT *, {OK} AS ok FROM members WHERE {_FILTER}) m
 """
 
 
-def _agg(expr: str | None, cond: str | None, weighted: bool) -> str:
-    """Σw (or count) of rows where ``cond``, or of non-null ``expr`` with Σw·x, Σw·x²."""
+def _agg(expr: str | None, cond: str | None) -> str:
+    """The count of rows where ``cond``, or of non-null ``expr`` with Σx, Σx²."""
     if expr is None:
-        where = f" FILTER (WHERE {cond})" if cond else ""
-        return f"sum(w){where}" if weighted else f"count(*){where}"
-    f = f"FILTER (WHERE {expr} IS NOT NULL)"
-    if weighted:
-        return f"sum(w) {f}, sum(w * {expr}) {f}, sum(w * {expr} * {expr}) {f}"
+        return f"count(*) FILTER (WHERE {cond})" if cond else "count(*)"
     return f"count({expr}), sum({expr}), sum({expr} * {expr})"
 
 
-def _cand_cols(weighted: bool) -> str:
-    # Profile counts: internal (every service failure, observations.profiled_failure),
-    # network, deadline.
-    kinds = (SERVICE_FAILURES, frozenset({FailureKind.NETWORK}), frozenset({FailureKind.DEADLINE}))
-    failed = [f"NOT ok AND failure_kind IN ({_kinds(k)})" for k in kinds]
-    counts = [_agg(None, c or None, weighted) for c in ["", "delivered", "ok", *failed]]
-    return ", ".join(counts + [_agg(x, None, weighted) for x in ("q", "lat", "tin", "tout")])
+# Profile counts: internal (every service failure, observations.profiled_failure),
+# network, deadline; by the names of coordinator.tracestore.profilepacked.
+_FAILED = {
+    name: f"NOT ok AND failure_kind IN ({_kinds(kinds)})"
+    for name, kinds in (("internal", SERVICE_FAILURES),
+                        ("network", frozenset({FailureKind.NETWORK})),
+                        ("deadline", frozenset({FailureKind.DEADLINE})))
+}  # fmt: skip
+_FLAG_SQL = {"delivered": "delivered", "ok": "ok", **_FAILED, "has_link": "has_link",
+             "lost": "lost"}  # fmt: skip
 
 
-def _link_cols(weighted: bool) -> str:
-    counts = [_agg(None, "has_link", weighted), _agg(None, "has_link AND lost", weighted)]
-    moments = [_agg(f"CASE WHEN has_link THEN {x} END", None, weighted) for x in ("bw", "rtt")]
+def _cand_cols() -> str:
+    counts = [_agg(None, _FLAG_SQL[c] if c else None) for c in ("", *CAND_FLAGS)]
+    return ", ".join(counts + [_agg(x, None) for x in CAND_VALUES])
+
+
+def _link_cols() -> str:
+    counts = [_agg(None, "has_link"), _agg(None, "has_link AND lost")]
+    moments = [_agg(f"CASE WHEN has_link THEN {x} END", None) for x in LINK_VALUES]
     return ", ".join(counts + moments)
 
 
 N_CAND = 18  # aggregate columns of a candidate (then a link's 8)
 
-
-def _weighted(part: str, settings: ProfileSettings) -> str:
-    """The rows with the weight ``w`` each has in the fold's final profile of ``part``."""
-    h = settings.half_life
-    asc, desc = (
-        f"PARTITION BY {part} ORDER BY ms, seq",
-        f"PARTITION BY {part} ORDER BY ms DESC, seq DESC",
-    )
-    if settings.decay_unit is DecayUnit.OBSERVATIONS:
-        later = f"(row_number() OVER ({desc}) - 1)::float8"
-        return f"SELECT *, power(0.5::float8, {later} / {h!r}) AS w FROM rows"
-    step = f"coalesce(greatest(0.0, at - lag(at) OVER ({asc})), 0.0)"
-    later = (
-        f"coalesce(sum(step) OVER ({desc} ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0.0)"
-    )
-    return (
-        f"SELECT *, power(0.5::float8, {later} / {h!r}) AS w "
-        f"FROM (SELECT *, {step} AS step FROM rows) s"
-    )
+# Without decay: one parallel scan, grouped; rows: pid, src, dst, the candidate's
+# aggregates, the link's, then the unweighted counts.
+_GROUPED = f"""SELECT pid, src, dst, {_cand_cols()}, {_link_cols()},
+    count(*), count(*) FILTER (WHERE has_link)
+FROM ({_ROWS}) r GROUP BY pid, src, dst"""
 
 
-def _queries(settings: ProfileSettings) -> list[tuple[str, bytes]]:
-    """(kind, SQL) pairs; rows: pid, src, dst, aggregates, then the unweighted counts
-    (a profile's ``observations`` does not decay)."""
-    if math.isinf(settings.half_life):
-        cols = f"{_cand_cols(False)}, {_link_cols(False)}"
-        cols += ", count(*), count(*) FILTER (WHERE has_link)"
-        both = f"SELECT pid, src, dst, {cols} FROM ({_ROWS}) r GROUP BY pid, src, dst"
-        return [("both", both.encode())]
-    cand = f"WITH rows AS ({_ROWS}), weighted AS ({_weighted('pid', settings)}) "
-    cand += f"SELECT pid, NULL, NULL, {_cand_cols(True)}, count(*) FROM weighted GROUP BY pid"
-    link = f"WITH rows AS ({_ROWS} WHERE {HAS_LINK}), "
-    link += f"weighted AS ({_weighted('src, dst', settings)}) "
-    link += f"SELECT NULL, src, dst, {_link_cols(True)}, count(*) FROM weighted GROUP BY src, dst"
-    return [("cand", cand.encode()), ("link", link.encode())]
+# A packed group holds one hour of stream ids: a bytea cannot pass 1 GB, which an hour of
+# one candidate and link's 74-byte records reaches only at 4 000 observations a second.
+_HOUR_MS = 3_600_000
+
+
+def _packed(settings: ProfileSettings) -> bytes:
+    """With decay: each group's rows packed (coordinator.tracestore.profilepacked). The
+    stream id's hour is in the group key only to keep each bytea small."""
+    bits = " | ".join(f"(coalesce({_FLAG_SQL[f]}, false)::int << {i})" for i, f in enumerate(FLAGS))
+    bits += "".join(
+        f" | (({v} IS NOT NULL)::int << {len(FLAGS) + i})" for i, v in enumerate(VALUES)
+    )
+    send = {"ms": "int8send(ms)", "seq": "int8send(seq)", "at": "float8send(at)",
+            "bits": f"int2send(({bits})::int2)"}  # fmt: skip
+    record = " || ".join(send.get(f, f"float8send(coalesce({f}, 0))") for f in fields(settings))
+    # OFFSET 0 keeps the subquery whole, so that the parallel workers pack the rows
+    # (string_agg has no parallel step in Postgres 15; the leader only appends them).
+    query = f"""SELECT pid, src, dst, string_agg(rec, ''::bytea) FROM (
+    SELECT pid, src, dst, ms / {_HOUR_MS} AS hour, {record} AS rec FROM ({_ROWS}) r OFFSET 0
+) packed GROUP BY pid, src, dst, hour"""
+    return query.encode()
 
 
 # Per candidate, its newest rows by finish time (index scan): the latency window, and the
@@ -251,21 +259,24 @@ class _Sums:
         self.link: dict[tuple[str, str], list[float]] = {}
         self.link_n: dict[tuple[str, str], int] = defaultdict(int)
 
-    def add(self, kind: str, row: tuple[Any, ...]) -> None:
+    def add(self, row: tuple[Any, ...]) -> None:
+        """A row of the grouped query (no decay)."""
         pid, src, dst, values = row[0], row[1], row[2], row[3:]
-        if kind == "both":
-            cand, link, n_cand, n_link = (values[:N_CAND], values[N_CAND:-2], values[-2],
-                                          values[-1])  # fmt: skip
-        elif kind == "cand":
-            cand, link, n_cand, n_link = values[:-1], (), values[-1], 0
-        else:
-            cand, link, n_cand, n_link = (), values[:-1], 0, values[-1]
+        cand, link, n_cand, n_link = values[:N_CAND], values[N_CAND:-2], values[-2], values[-1]
         if n_cand:
             self.cand[pid] = _add(self.cand.get(pid), cand)
             self.cand_n[pid] += int(n_cand)
         if n_link:
             self.link[(src, dst)] = _add(self.link.get((src, dst)), link)
             self.link_n[(src, dst)] += int(n_link)
+
+    def add_packed(self, rows: list[tuple[Any, ...]], settings: ProfileSettings) -> None:
+        """The rows of the packed query (with decay), weighted."""
+        cands, links = packed_sums(rows, settings)
+        for pid, (v, n) in cands.items():
+            self.cand[pid], self.cand_n[pid] = v, n
+        for link, (v, n) in links.items():
+            self.link[link], self.link_n[link] = v, n
 
 
 def _last(rows: list[tuple[Any, ...]], key: Any) -> dict[Any, float]:
@@ -304,9 +315,12 @@ def aggregate(
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         conn.execute("SET LOCAL jit = off")  # compiling costs more than it saves here
         conn.execute("SET LOCAL work_mem = '256MB'")
-        for kind, query in _queries(settings):
-            for row in conn.execute(query, params).fetchall():
-                sums.add(kind, row)
+        if math.isinf(settings.half_life):
+            for row in conn.execute(_GROUPED.encode(), params).fetchall():
+                sums.add(row)
+        else:  # bytea in binary: no hex text to decode
+            cur = conn.cursor(binary=True)
+            sums.add_packed(cur.execute(_packed(settings), params).fetchall(), settings)
         params["pids"] = sorted(sums.cand)
         newest = conn.execute(_NEWEST.encode(), params).fetchall() if sums.cand else []
         links = sorted(sums.link)
