@@ -8,13 +8,15 @@ the migrations, COPYs --rows synthetic member rows (finished within the last day
 ids increasing; the link observations are a view of them, migration 0006). Then:
 
 - aggregation: the recompute's SQL (coordinator.tracestore.recompute.aggregate) over every row,
-  median of --repeats, with no decay (the default) and with a half-life in observations;
+  median of --repeats, with no decay (the default) and with a half-life in observations
+  and in seconds (rows packed by Postgres, weighted in numpy);
 - co-failure: the recompute's other read, the groups' co-failure evidence
   (coordinator.tracestore.cofailuresql, its SQL and its fold), with no decay;
 - recompute: a whole ``recompute()`` (seal, wait, aggregate, insert, publish) on Redis
   database --redis-url (flushed first and last), median of --repeats, with the
   co-failure read on a second connection at the same time as the profiles' (as
-  ``recompute_once`` runs it) and, alternating with it, on the same connection after it;
+  ``recompute_once`` runs it) and, alternating with it, on the same connection after it,
+  then (two connections) with a half-life in observations;
 - adoption: a second process polls ``RedisStore.load_view`` (what every invocation
   does) for the pool's candidates; the main process publishes --samples snapshots and
   the poller reports when it first saw each version. Latency = seen - publish started
@@ -121,26 +123,29 @@ def time_cofailure(url: str, watermark: str, cfg: ProfileSettings, repeats: int)
 
 
 def time_recompute(
-    url: str, redis_url: str, repeats: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Whole recomputes, alternating: the two reads on two connections, then on one."""
+    url: str, redis_url: str, repeats: int, decay: ProfileSettings
+) -> tuple[list[dict[str, Any]], ...]:
+    """Whole recomputes, alternating: the two reads on two connections, then on one, then
+    on two with the profile settings ``decay``."""
     client = redis.Redis.from_url(redis_url)
     s = HacoSettings(recompute_wait_s=5.0)
     two: list[dict[str, Any]] = []
     one: list[dict[str, Any]] = []
+    decayed: list[dict[str, Any]] = []
     try:
         with (
             psycopg.connect(url, autocommit=True) as conn,
             psycopg.connect(url, autocommit=True) as other,
         ):
             for _ in range(repeats):
-                for second, out in ((other, two), (None, one)):
+                for profile, second, out in ((None, other, two), (None, None, one),
+                                             (decay, other, decayed)):  # fmt: skip
                     start = time.perf_counter()
-                    res = recompute(client, conn, s, None, second)
+                    res = recompute(client, conn, s, profile, second)
                     out.append({**res.to_dict(), "total_s": time.perf_counter() - start})
     finally:
         client.close()
-    return two, one
+    return two, one, decayed
 
 
 def poller(redis_url: str, ids: list[str], links: list[str], q: Any, stop: Any) -> None:
@@ -227,9 +232,13 @@ def main() -> None:
             watermark, copy_s = load(url, args.rows, args.candidates)
             by_obs = ProfileSettings(half_life=1000.0, decay_unit=DecayUnit.OBSERVATIONS)
             agg = time_aggregate(url, watermark, ProfileSettings(), args.repeats)
+            by_s = ProfileSettings(half_life=3600.0, decay_unit=DecayUnit.SECONDS)
             agg_decay = time_aggregate(url, watermark, by_obs, args.repeats)
+            agg_decay_s = time_aggregate(url, watermark, by_s, args.repeats)
             cofail = time_cofailure(url, watermark, ProfileSettings(), args.repeats)
-            whole, whole_one = time_recompute(url, args.redis_url, args.repeats)
+            whole, whole_one, whole_decay = time_recompute(
+                url, args.redis_url, args.repeats, by_obs
+            )
             adopt = adoption(args.redis_url, args.samples, args.candidates)
         finally:
             r.flushdb()
@@ -240,6 +249,10 @@ def main() -> None:
         "copy_s": copy_s,
         "aggregate_s": {"runs": agg, "median": statistics.median(agg)},
         "aggregate_decay_obs_s": {"runs": agg_decay, "median": statistics.median(agg_decay)},
+        "aggregate_decay_seconds_s": {
+            "runs": agg_decay_s,
+            "median": statistics.median(agg_decay_s),
+        },
         "cofailure_s": {"runs": cofail, "median": statistics.median(cofail)},
         "recompute_s": {
             "runs": [w["total_s"] for w in whole],
@@ -249,6 +262,10 @@ def main() -> None:
         "recompute_one_connection_s": {
             "runs": [w["total_s"] for w in whole_one],
             "median": statistics.median(w["total_s"] for w in whole_one),
+        },
+        "recompute_decay_obs_s": {
+            "runs": [w["total_s"] for w in whole_decay],
+            "median": statistics.median(w["total_s"] for w in whole_decay),
         },
         "adoption": adopt,
         "goal_recompute_s": 2.0,
@@ -262,6 +279,8 @@ def main() -> None:
     t.add_row("aggregation SQL, no decay (s)", f"{result['aggregate_s']['median']:.3f}", fmt(agg))
     t.add_row("aggregation SQL, decay by observations (s)",
               f"{result['aggregate_decay_obs_s']['median']:.3f}", fmt(agg_decay))  # fmt: skip
+    t.add_row("aggregation SQL, decay by seconds (s)",
+              f"{result['aggregate_decay_seconds_s']['median']:.3f}", fmt(agg_decay_s))  # fmt: skip
     t.add_row("co-failure evidence, no decay (s: SQL and fold)",
               f"{result['cofailure_s']['median']:.3f}", fmt(cofail))  # fmt: skip
     t.add_row("whole recompute (s, goal ≤ 2)", f"{result['recompute_s']['median']:.3f}",
@@ -269,6 +288,8 @@ def main() -> None:
     one = result["recompute_one_connection_s"]
     t.add_row("  the same, both reads on one connection (s)", f"{one['median']:.3f}",
               fmt(one["runs"]))  # fmt: skip
+    dec = result["recompute_decay_obs_s"]
+    t.add_row("  the same, decay by observations (s)", f"{dec['median']:.3f}", fmt(dec["runs"]))
     t.add_row("snapshot adoption by a 2nd process p50 / p95 (ms)",
               f"{adopt['p50_ms']:.2f} / {adopt['p95_ms']:.2f}",
               f"{adopt['samples']} samples")  # fmt: skip
