@@ -58,6 +58,27 @@ def test_rows_over_many_hours_stored_out_of_order_aggregate_as_the_fold(
         assert_same(links[lk], want_l[lk], lk, rel)
 
 
+def test_a_nan_written_by_hand_counts_as_absent(db: str) -> None:
+    """The harvester stores no NaN; the packed records mark an absent value with one."""
+    rng = random.Random(5)
+    now = time.time()
+    traces = [make_trace(i, "c0", rng, now + i) for i in range(40)]
+    hit = next(t for t in traces if t.success and t.proc_latency_s is not None)
+    ids = [f"{1_700_000_000_000 + i}-0" for i in range(len(traces))]
+    order = {t.member_id: split_id(sid) for t, sid in zip(traces, ids, strict=True)}
+    with psycopg.connect(db) as pg, pg.cursor() as cur:
+        write(cur, [(False, trace_row(t, sid)) for t, sid in zip(traces, ids, strict=True)])
+        cur.execute("UPDATE members SET proc_latency_s = 'NaN' WHERE member_id = %s",
+                    (hit.member_id,))  # fmt: skip
+    without = [t.model_copy(update={"proc_latency_s": None}) if t is hit else t for t in traces]
+    want, _ = expected(without, order, BY_OBS)
+    with connect(db) as conn:
+        since, until = (datetime.fromtimestamp(now + d, UTC) for d in (-3600, 10**6))
+        cands, _ = aggregate(conn, ids[-1], since, until, BY_OBS)
+    assert_same(cands["c0"].latency, want["c0"].latency, "c0.latency")
+    assert_same(cands["c0"].quality, want["c0"].quality, "c0.quality")
+
+
 def test_a_packed_group_of_a_partial_record_is_a_database_error() -> None:
     with pytest.raises(DatabaseError, match=r"'c0' \('eu' → 'us'\) are 75 bytes.*74-byte"):
         packed_sums([("c0", "eu", "us", b"\0" * 75)], BY_TIME)

@@ -14,8 +14,10 @@ and adds them up weighted.
 A record, built by :mod:`coordinator.tracestore.profilesql` from the reading of a row
 that the aggregation without decay sums: ``ms`` and ``seq`` (the stream id's parts,
 int8), ``at`` (the finish time in epoch seconds, float8; with decay by seconds only),
-``bits`` (int2: the flags of :data:`FLAGS`, then a bit per value of :data:`VALUES` that
-is present), then the values (float8, 0 where absent).
+``bits`` (int2: bit i is flag i of :data:`FLAGS`), then the :data:`VALUES` (float8, NaN
+where absent). The harvester stores no NaN (``MemberTrace`` refuses it); one written into
+the table by hand counts as absent here, where the aggregation without decay would let
+it turn the sums into NaN.
 """
 
 from __future__ import annotations
@@ -35,8 +37,7 @@ FLAGS = CAND_FLAGS + LINK_FLAGS
 CAND_VALUES = ("q", "lat", "tin", "tout")
 LINK_VALUES = ("bw", "rtt")
 VALUES = CAND_VALUES + LINK_VALUES
-# A record's bit i: FLAGS[i], then whether VALUES[i - len(FLAGS)] is present (not NULL).
-_BIT = {name: i for i, name in enumerate(FLAGS + VALUES)}
+_BIT = {name: i for i, name in enumerate(FLAGS)}
 
 # A profile's sums (profilesql's order: counts, then n, Σx, Σx² per value) and its rows.
 Totals = tuple[list[float], int]
@@ -130,7 +131,9 @@ def _totals(
 
     sums = [total(w)] + [total(w * has(f)) for f in flags]
     for v in values:
-        wp, x = w * has(v), col[v][order]
+        x = col[v][order]
+        present = ~np.isnan(x)
+        wp, x = w * present, np.where(present, x, 0.0)
         sums += [total(wp), total(wp * x), total(wp * x * x)]
     return {
         names[int(code[s])]: ([float(c[k]) for c in sums], int(counts[k]))

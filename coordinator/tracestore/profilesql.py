@@ -60,7 +60,6 @@ from coordinator.tracestore.profilepacked import (
     CAND_VALUES,
     FLAGS,
     LINK_VALUES,
-    VALUES,
     fields,
     packed_sums,
 )
@@ -153,12 +152,9 @@ def _packed(settings: ProfileSettings) -> bytes:
     """With decay: each group's rows packed (coordinator.tracestore.profilepacked). The
     stream id's hour is in the group key only to keep each bytea small."""
     bits = " | ".join(f"(coalesce({_FLAG_SQL[f]}, false)::int << {i})" for i, f in enumerate(FLAGS))
-    bits += "".join(
-        f" | (({v} IS NOT NULL)::int << {len(FLAGS) + i})" for i, v in enumerate(VALUES)
-    )
     send = {"ms": "int8send(ms)", "seq": "int8send(seq)", "at": "float8send(at)",
             "bits": f"int2send(({bits})::int2)"}  # fmt: skip
-    record = " || ".join(send.get(f, f"float8send(coalesce({f}, 0))") for f in fields(settings))
+    record = " || ".join(send.get(f, f"float8send(coalesce({f}, 'NaN'))") for f in fields(settings))
     # OFFSET 0 keeps the subquery whole, so that the parallel workers pack the rows
     # (string_agg has no parallel step in Postgres 15; the leader only appends them).
     query = f"""SELECT pid, src, dst, string_agg(rec, ''::bytea) FROM (
