@@ -61,28 +61,34 @@ def packed_sums(
     """Weighted sums per candidate and per link of the packed groups ``(candidate,
     caller zone, zone, records)``."""
     dt = _dtype(settings)
-    parts: list[np.ndarray] = []
+    native = dt.newbyteorder("=")
+    names = dt.names or ()
+    # Each group's fields copied out native as it arrives, so that its bytes can go:
+    # the recompute holds one copy of the window's rows, not two.
+    chunks: dict[str, list[np.ndarray]] = {f: [] for f in names}
     pids: list[str] = []
     links: list[tuple[str, str]] = []
+    sizes: list[int] = []
     for pid, src, dst, packed in groups:
         if len(packed) % dt.itemsize:
             raise DatabaseError(
                 f"packed rows of {pid!r} ({src!r} → {dst!r}) are {len(packed)} bytes; "
                 f"expected a multiple of the {dt.itemsize}-byte record"
             )
-        parts.append(np.frombuffer(packed, dtype=dt))
+        recs = np.frombuffer(packed, dtype=dt)
+        for f in names:
+            chunks[f].append(recs[f].astype(native[f]))
         pids.append(pid)
         links.append((src, dst))
-    if not parts:
+        sizes.append(recs.size)
+    if not pids:
         return {}, {}
-    native = dt.newbyteorder("=")
-    col = {f: np.concatenate([p[f] for p in parts]).astype(native[f]) for f in dt.names or ()}
-    sizes = [p.size for p in parts]
+    col = {f: np.concatenate(chunks.pop(f)) for f in names}
     pid_names, link_names = sorted(set(pids)), sorted(set(links))
     pid_index = {p: i for i, p in enumerate(pid_names)}
     link_index = {k: i for i, k in enumerate(link_names)}
-    pid_code = np.repeat([pid_index[p] for p in pids], sizes)
-    link_code = np.repeat([link_index[k] for k in links], sizes)
+    pid_code = np.repeat(np.array([pid_index[p] for p in pids], dtype=np.int32), sizes)
+    link_code = np.repeat(np.array([link_index[k] for k in links], dtype=np.int32), sizes)
     stream = _stream_order(col["ms"], col["seq"])
     linked = stream[(col["bits"][stream] >> _BIT["has_link"]) & 1 == 1]
     cands = _totals(col, stream, pid_code, pid_names, CAND_FLAGS, CAND_VALUES, settings)
@@ -121,7 +127,7 @@ def _totals(
     w = fold_weights(starts, n, at, settings)
     w = np.ones(n) if w is None else w
     counts = np.diff(np.r_[starts, n])
-    bits = col["bits"][order].astype(np.int64)
+    bits = col["bits"][order]
 
     def total(x: np.ndarray) -> np.ndarray:
         return np.asarray(np.add.reduceat(x, starts))  # each code's rows are contiguous

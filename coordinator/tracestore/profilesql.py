@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -266,7 +266,7 @@ class _Sums:
             self.link[(src, dst)] = _add(self.link.get((src, dst)), link)
             self.link_n[(src, dst)] += int(n_link)
 
-    def add_packed(self, rows: list[tuple[Any, ...]], settings: ProfileSettings) -> None:
+    def add_packed(self, rows: Iterable[tuple[Any, ...]], settings: ProfileSettings) -> None:
         """The rows of the packed query (with decay), weighted."""
         cands, links = packed_sums(rows, settings)
         for pid, (v, n) in cands.items():
@@ -314,9 +314,9 @@ def aggregate(
         if math.isinf(settings.half_life):
             for row in conn.execute(_GROUPED.encode(), params).fetchall():
                 sums.add(row)
-        else:  # bytea in binary: no hex text to decode
-            cur = conn.cursor(binary=True)
-            sums.add_packed(cur.execute(_packed(settings), params).fetchall(), settings)
+        else:  # bytea in binary (no hex text to decode), a group at a time
+            with conn.cursor() as cur:
+                sums.add_packed(cur.stream(_packed(settings), params, binary=True), settings)
         params["pids"] = sorted(sums.cand)
         newest = conn.execute(_NEWEST.encode(), params).fetchall() if sums.cand else []
         links = sorted(sums.link)
