@@ -22,7 +22,9 @@ ids increasing; the link observations are a view of them, migration 0006). Then:
   the poller reports when it first saw each version. Latency = seen - publish started
   (encoding the snapshot + one MULTI), p50/p95; apart: the publish itself, the time from
   the end of the publish to the sighting (bounded by one load_view round, whose p50 is
-  reported too).
+  reported too);
+- peak memory: how far one read (the profiles without and with decay, the co-failure
+  read) raises the peak resident set of a fresh process.
 
 A rich table goes to stderr, JSON to stdout.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -120,6 +123,29 @@ def time_cofailure(url: str, watermark: str, cfg: ProfileSettings, repeats: int)
         return aggregate_cofailure(conn, watermark, since, now, cfg).pairs
 
     return _timed(url, repeats, cofailure)
+
+
+def _read_peak(url: str, watermark: str, cfg: ProfileSettings, read: str, q: Any) -> None:
+    """In a fresh process: how far one read raises the peak resident set (KiB)."""
+    now = datetime.now(UTC)
+    with psycopg.connect(url, autocommit=True) as conn:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        if read == "profiles":
+            aggregate(conn, watermark, now - timedelta(days=7), now, cfg)
+        else:
+            aggregate_cofailure(conn, watermark, now - timedelta(days=7), now, cfg)
+        q.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+
+
+def read_peak_mb(url: str, watermark: str, cfg: ProfileSettings, read: str) -> float:
+    """The peak memory one read adds to a fresh process (ru_maxrss, Linux: KiB)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_read_peak, args=(url, watermark, cfg, read, q))
+    proc.start()
+    kib = q.get(timeout=120)
+    proc.join(10)
+    return float(kib) / 1024
 
 
 def time_recompute(
@@ -240,6 +266,11 @@ def main() -> None:
                 url, args.redis_url, args.repeats, by_obs
             )
             adopt = adoption(args.redis_url, args.samples, args.candidates)
+            peaks = {
+                "aggregate_mb": read_peak_mb(url, watermark, ProfileSettings(), "profiles"),
+                "aggregate_decay_obs_mb": read_peak_mb(url, watermark, by_obs, "profiles"),
+                "cofailure_mb": read_peak_mb(url, watermark, ProfileSettings(), "cofailure"),
+            }
         finally:
             r.flushdb()
             r.close()
@@ -268,6 +299,7 @@ def main() -> None:
             "median": statistics.median(w["total_s"] for w in whole_decay),
         },
         "adoption": adopt,
+        "peak_memory": peaks,
         "goal_recompute_s": 2.0,
     }
     t = Table(
@@ -290,6 +322,8 @@ def main() -> None:
               fmt(one["runs"]))  # fmt: skip
     dec = result["recompute_decay_obs_s"]
     t.add_row("  the same, decay by observations (s)", f"{dec['median']:.3f}", fmt(dec["runs"]))
+    t.add_row("peak memory a read adds: profiles, decayed, co-failure (MB)",
+              " / ".join(f"{v:.0f}" for v in peaks.values()), "fresh processes")  # fmt: skip
     t.add_row("snapshot adoption by a 2nd process p50 / p95 (ms)",
               f"{adopt['p50_ms']:.2f} / {adopt['p95_ms']:.2f}",
               f"{adopt['samples']} samples")  # fmt: skip
