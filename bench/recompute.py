@@ -34,11 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -125,20 +125,29 @@ def time_cofailure(url: str, watermark: str, cfg: ProfileSettings, repeats: int)
     return _timed(url, repeats, cofailure)
 
 
+def _peak_kib() -> int:
+    """This process's peak resident set (Linux's VmHWM). Not ru_maxrss: a spawned child
+    starts with its parent's peak there, as Linux carries it across fork and exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status: the memory figure needs Linux")
+
+
 def _read_peak(url: str, watermark: str, cfg: ProfileSettings, read: str, q: Any) -> None:
     """In a fresh process: how far one read raises the peak resident set (KiB)."""
     now = datetime.now(UTC)
     with psycopg.connect(url, autocommit=True) as conn:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        before = _peak_kib()
         if read == "profiles":
             aggregate(conn, watermark, now - timedelta(days=7), now, cfg)
         else:
             aggregate_cofailure(conn, watermark, now - timedelta(days=7), now, cfg)
-        q.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+        q.put(_peak_kib() - before)
 
 
 def read_peak_mb(url: str, watermark: str, cfg: ProfileSettings, read: str) -> float:
-    """The peak memory one read adds to a fresh process (ru_maxrss, Linux: KiB)."""
+    """The peak memory one read adds to a fresh process (MiB)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_read_peak, args=(url, watermark, cfg, read, q))
