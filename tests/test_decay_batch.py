@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.core.decay_batch import fold_weights
+from coordinator.core.decay_batch import carried_weight, fold_weights, forward_steps_s
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.core.profiles import decay_weight
 from coordinator.errors import InputError
@@ -80,3 +80,26 @@ def test_decay_by_seconds_needs_a_time_per_row() -> None:
         fold_weights(np.array([0]), 3, None, cfg)
     with pytest.raises(InputError, match=r"times of shape \(2,\); expected \(3,\)"):
         fold_weights(np.array([0]), 3, np.zeros(2), cfg)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    last=st.floats(-50, 50), later=st.lists(st.floats(-50, 50), min_size=1, max_size=10),
+    cfg=CONFIGS,
+)  # fmt: skip
+def test_the_carried_weight_is_the_product_of_the_later_factors(
+    last: float, later: list[float], cfg: ProfileSettings
+) -> None:
+    want, prev = 1.0, last
+    for t in later:
+        want *= decay_weight(cfg, prev, t)
+        prev = t
+    steps = forward_steps_s(np.array([0]), np.array([last, *later]))
+    got = carried_weight(cfg, len(later), float(steps.sum()))
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-300)
+    assert carried_weight(ProfileSettings(), len(later), float(steps.sum())) == 1.0
+
+
+def test_forward_steps_start_each_partition_at_zero_and_never_go_back() -> None:
+    steps = forward_steps_s(np.array([0, 3]), np.array([5.0, 7.0, 6.0, 1.0, 4.0]))
+    assert steps.tolist() == [0.0, 2.0, 0.0, 0.0, 3.0]

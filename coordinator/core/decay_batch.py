@@ -48,10 +48,26 @@ def fold_weights(
     t = np.asarray(np.nan if at_s is None else at_s, dtype=np.float64)
     if t.shape != (n,):
         raise InputError(f"times of shape {t.shape}; expected ({n},) with decay by seconds")
-    step = np.maximum(0.0, np.r_[0.0, np.diff(t)]) / settings.half_life
-    # Half-lives after row j: its partition's total less the running sum. A partition's
-    # first step is never after anything of its partition; zero, it keeps the running
-    # sum (and its rounding) small.
-    step[starts] = 0.0
-    run = np.cumsum(step)
+    # Half-lives after row j: its partition's total less the running sum.
+    run = np.cumsum(forward_steps_s(starts, t) / settings.half_life)
     return np.asarray(0.5 ** (run[last][slot] - run))
+
+
+def forward_steps_s(starts: np.ndarray, at_s: np.ndarray) -> np.ndarray:
+    """Each row's forward step in time, max(0, Δt) from the row before it in its
+    partition (the decay by seconds it brings); 0 for a partition's first row, which is
+    never after anything of its partition (and so keeps running sums small)."""
+    step = np.asarray(np.maximum(0.0, np.r_[0.0, np.diff(at_s)]), dtype=np.float64)
+    step[starts] = 0.0
+    return step
+
+
+def carried_weight(settings: ProfileSettings, rows: int, elapsed_s: float) -> float:
+    """How much a partition's fold so far decays while ``rows`` later observations are
+    folded that add ``elapsed_s`` of forward steps (Σ max(0, Δt), the first from the
+    fold's last observation): the product of their ``decay_weight`` factors."""
+    if math.isinf(settings.half_life):
+        return 1.0
+    if settings.decay_unit is DecayUnit.OBSERVATIONS:
+        return float(0.5 ** (rows / settings.half_life))
+    return float(0.5 ** (elapsed_s / settings.half_life))
