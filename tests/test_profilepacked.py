@@ -18,7 +18,7 @@ from coordinator.core.params import ProfileSettings
 from coordinator.errors import DatabaseError
 from coordinator.tracestore.db import connect
 from coordinator.tracestore.harvestsql import trace_row, write
-from coordinator.tracestore.profilepacked import packed_sums
+from coordinator.tracestore.profilepacked import BATCH_ROWS, packed_sums
 from coordinator.tracestore.profilesql import aggregate, split_id
 
 HOUR_MS = 3_600_000
@@ -26,8 +26,9 @@ HOUR_MS = 3_600_000
 
 @pytest.mark.parametrize("cfg", [BY_OBS, BY_TIME], ids=["observations", "seconds"])
 @pytest.mark.parametrize("seq_top", [4, 2**40], ids=["small-seq", "huge-seq"])
+@pytest.mark.parametrize("batch_rows", [1, 40, BATCH_ROWS], ids=["hourly", "by-40", "one"])
 def test_rows_over_many_hours_stored_out_of_order_aggregate_as_the_fold(
-    db: str, cfg: ProfileSettings, seq_top: int
+    db: str, cfg: ProfileSettings, seq_top: int, batch_rows: int
 ) -> None:
     rng = random.Random(11)
     now = time.time()
@@ -47,7 +48,8 @@ def test_rows_over_many_hours_stored_out_of_order_aggregate_as_the_fold(
     assert split_id(last)[0] - ms0 > 24 * HOUR_MS
     with connect(db) as conn:
         since = datetime.fromtimestamp(now - 3600, UTC)
-        cands, links = aggregate(conn, last, since, datetime.fromtimestamp(now + 10**6, UTC), cfg)
+        until = datetime.fromtimestamp(now + 10**6, UTC)
+        cands, links = aggregate(conn, last, since, until, cfg, batch_rows)
     want_c, want_l = expected(traces, {t.member_id: split_id(s) for t, s in stored}, cfg)
     assert sorted(cands) == sorted(want_c) and sorted(links) == sorted(want_l)
     # Postgres keeps finish times to the microsecond (as in test_recompute).
@@ -81,7 +83,13 @@ def test_a_nan_written_by_hand_counts_as_absent(db: str) -> None:
 
 def test_a_packed_group_of_a_partial_record_is_a_database_error() -> None:
     with pytest.raises(DatabaseError, match=r"'c0' \('eu' → 'us'\) are 75 bytes.*74-byte"):
-        packed_sums([("c0", "eu", "us", b"\0" * 75)], BY_TIME)
+        packed_sums([("c0", "eu", "us", 7, b"\0" * 75)], BY_TIME)
+
+
+def test_packed_groups_out_of_hour_order_are_a_database_error() -> None:
+    groups = [("c0", "eu", "us", 8, b""), ("c0", "eu", "us", 7, b"")]
+    with pytest.raises(DatabaseError, match=r"hour 7 after hour 8; expected them in order"):
+        packed_sums(groups, BY_OBS)
 
 
 def test_no_packed_groups_sum_to_no_profiles() -> None:

@@ -7,9 +7,13 @@ every row by candidate and again by link: 4.1–4.3 s over 1M member rows with d
 observations, 6.1–7.3 s by seconds (bench/recompute.py). Here one scan hashes the rows
 into groups (candidate, caller zone, zone, hour of the stream id) with no sort, each
 group's rows packed into one bytea of fixed-width big-endian records (``string_agg`` of
-the rows' ``*send`` values; the hour keeps a group's bytea far below Postgres's 1 GB
-limit on a value); numpy then sorts each candidate's and each link's rows by stream id
-and adds them up weighted.
+the rows' ``*send`` values). The groups come in order of hour; numpy sorts each
+candidate's and each link's rows of a batch of whole hours by stream id, adds them up
+weighted within the batch, and carries each fold on across batches: the sums so far
+decay by the batch's observations (:func:`coordinator.core.decay_batch.carried_weight`),
+then the batch's sums add, as the fold does step by step. So the recompute holds a
+batch of rows at a time (:data:`BATCH_ROWS`, or an hour's if more), not the window's,
+and no bytea nears Postgres's 1 GB limit on a value.
 
 A record, built by :mod:`coordinator.tracestore.profilesql` from the reading of a row
 that the aggregation without decay sums: ``ms`` and ``seq`` (the stream id's parts,
@@ -23,11 +27,12 @@ it turn the sums into NaN.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
-from coordinator.core.decay_batch import fold_weights
+from coordinator.core.decay_batch import carried_weight, fold_weights, forward_steps_s
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.errors import DatabaseError
 
@@ -55,45 +60,123 @@ def _dtype(settings: ProfileSettings) -> np.dtype:
     return np.dtype([(f, kinds.get(f, ">f8")) for f in fields(settings)])
 
 
+@dataclass(slots=True)
+class _Fold:
+    """A candidate's or link's fold over the hours so far: its sums (profilesql's order),
+    observations, and last observation's time (with decay by seconds)."""
+
+    sums: np.ndarray
+    n: int
+    last_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Hour:
+    """A candidate's or link's rows of one hour, folded from nothing: their sums, count,
+    first and last time, and the forward time between them (Σ max(0, Δt))."""
+
+    sums: np.ndarray
+    n: int
+    first_s: float
+    last_s: float
+    within_s: float
+
+
+# Rows folded at once, whole hours of them: enough to spread numpy's cost per call (a
+# batch costs about a millisecond beyond its rows), few enough to hold (about 190 bytes
+# a row at the peak, bench/recompute.py).
+BATCH_ROWS = 500_000
+
+
 def packed_sums(
-    groups: Iterable[tuple[str, str, str, bytes]], settings: ProfileSettings
+    groups: Iterable[tuple[str, str, str, int, bytes]],
+    settings: ProfileSettings,
+    batch_rows: int = BATCH_ROWS,
 ) -> tuple[dict[str, Totals], dict[tuple[str, str], Totals]]:
     """Weighted sums per candidate and per link of the packed groups ``(candidate,
-    caller zone, zone, records)``."""
+    caller zone, zone, hour, records)``, which come in order of hour; the rows of whole
+    hours are folded at once, ``batch_rows`` or more (or what is left)."""
     dt = _dtype(settings)
-    native = dt.newbyteorder("=")
-    names = dt.names or ()
-    # Each group's fields copied out native as it arrives, so that its bytes can go:
-    # the recompute holds one copy of the window's rows, not two.
-    chunks: dict[str, list[np.ndarray]] = {f: [] for f in names}
-    pids: list[str] = []
-    links: list[tuple[str, str]] = []
-    sizes: list[int] = []
-    for pid, src, dst, packed in groups:
+    cands: dict[str, _Fold] = {}
+    links: dict[tuple[str, str], _Fold] = {}
+    batch = _Batch(dt)
+    hour: int | None = None
+    for pid, src, dst, h, packed in groups:
         if len(packed) % dt.itemsize:
             raise DatabaseError(
                 f"packed rows of {pid!r} ({src!r} → {dst!r}) are {len(packed)} bytes; "
                 f"expected a multiple of the {dt.itemsize}-byte record"
             )
-        recs = np.frombuffer(packed, dtype=dt)
-        for f in names:
-            chunks[f].append(recs[f].astype(native[f]))
-        pids.append(pid)
-        links.append((src, dst))
-        sizes.append(recs.size)
-    if not pids:
-        return {}, {}
-    col = {f: np.concatenate(chunks.pop(f)) for f in names}
-    pid_names, link_names = sorted(set(pids)), sorted(set(links))
-    pid_index = {p: i for i, p in enumerate(pid_names)}
-    link_index = {k: i for i, k in enumerate(link_names)}
-    pid_code = np.repeat(np.array([pid_index[p] for p in pids], dtype=np.int32), sizes)
-    link_code = np.repeat(np.array([link_index[k] for k in links], dtype=np.int32), sizes)
-    stream = _stream_order(col["ms"], col["seq"])
-    linked = stream[(col["bits"][stream] >> _BIT["has_link"]) & 1 == 1]
-    cands = _totals(col, stream, pid_code, pid_names, CAND_FLAGS, CAND_VALUES, settings)
-    per_link = _totals(col, linked, link_code, link_names, ("lost",), LINK_VALUES, settings)
-    return cands, per_link
+        if hour is not None and h < hour:
+            raise DatabaseError(f"packed groups of hour {h} after hour {hour}; "
+                                "expected them in order of hour")  # fmt: skip
+        if h != hour and batch.rows >= batch_rows:
+            batch.fold(settings, cands, links)
+            batch = _Batch(dt)
+        hour = h
+        batch.add(pid, (src, dst), packed)
+    batch.fold(settings, cands, links)
+    return (
+        {k: (f.sums.tolist(), f.n) for k, f in cands.items()},
+        {k: (f.sums.tolist(), f.n) for k, f in links.items()},
+    )
+
+
+class _Batch:
+    """The groups of some whole hours, each group's fields copied out native as it
+    arrives, so that its bytes can go."""
+
+    def __init__(self, dt: np.dtype) -> None:
+        self.dt, self.native = dt, dt.newbyteorder("=")
+        self.chunks: dict[str, list[np.ndarray]] = {f: [] for f in dt.names or ()}
+        self.pids: list[str] = []
+        self.links: list[tuple[str, str]] = []
+        self.sizes: list[int] = []
+        self.rows = 0
+
+    def add(self, pid: str, link: tuple[str, str], packed: bytes) -> None:
+        recs = np.frombuffer(packed, dtype=self.dt)
+        for f, chunk in self.chunks.items():
+            chunk.append(recs[f].astype(self.native[f]))
+        self.pids.append(pid)
+        self.links.append(link)
+        self.sizes.append(recs.size)
+        self.rows += recs.size
+
+    def fold(
+        self, settings: ProfileSettings, cands: dict[str, _Fold],
+        links: dict[tuple[str, str], _Fold],
+    ) -> None:  # fmt: skip
+        """Fold the batch into each candidate's and link's fold."""
+        if not self.pids:
+            return
+        col = {f: np.concatenate(chunk) for f, chunk in self.chunks.items()}
+        self.chunks.clear()
+        pid_names, link_names = sorted(set(self.pids)), sorted(set(self.links))
+        pid_index = {p: i for i, p in enumerate(pid_names)}
+        link_index = {k: i for i, k in enumerate(link_names)}
+        pid_code = np.repeat(np.array([pid_index[p] for p in self.pids], np.int32), self.sizes)
+        link_code = np.repeat(np.array([link_index[k] for k in self.links], np.int32), self.sizes)
+        stream = _stream_order(col["ms"], col["seq"])
+        linked = stream[(col["bits"][stream] >> _BIT["has_link"]) & 1 == 1]
+        for key, part in _totals(col, stream, pid_code, pid_names, CAND_FLAGS, CAND_VALUES,
+                                 settings).items():  # fmt: skip
+            _carry(cands, key, part, settings)
+        for lk, part in _totals(col, linked, link_code, link_names, ("lost",), LINK_VALUES,
+                                settings).items():  # fmt: skip
+            _carry(links, lk, part, settings)
+
+
+def _carry(folds: dict[K, _Fold], key: K, hour: _Hour, settings: ProfileSettings) -> None:
+    """The fold so far decays across the hour's observations, then the hour's sums add."""
+    fold = folds.get(key)
+    if fold is None:
+        folds[key] = _Fold(hour.sums, hour.n, hour.last_s)
+        return
+    elapsed_s = max(0.0, hour.first_s - fold.last_s) + hour.within_s
+    fold.sums = fold.sums * carried_weight(settings, hour.n, elapsed_s) + hour.sums
+    fold.n += hour.n
+    fold.last_s = hour.last_s
 
 
 def _stream_order(ms: np.ndarray, seq: np.ndarray) -> np.ndarray:
@@ -111,10 +194,10 @@ def _stream_order(ms: np.ndarray, seq: np.ndarray) -> np.ndarray:
 def _totals(
     col: dict[str, np.ndarray], stream: np.ndarray, code: np.ndarray, names: Sequence[K],
     flags: Sequence[str], values: Sequence[str], settings: ProfileSettings,
-) -> dict[K, Totals]:  # fmt: skip
-    """Per code, the rows ``stream`` (in stream order) of that code: their weights summed
-    (all, then where each flag is set), then the weighted moments of each value where
-    present."""
+) -> dict[K, _Hour]:  # fmt: skip
+    """Per code, the rows ``stream`` (in stream order) of that code folded from nothing:
+    their weights summed (all, then where each flag is set), then the weighted moments of
+    each value where present."""
     if stream.size == 0:
         return {}
     # Stable by code: each code's rows stay in stream order (int16: a radix sort).
@@ -123,10 +206,12 @@ def _totals(
     code = code[order]
     n = code.size
     starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
-    at = col["at"][order] if "at" in col else None
+    lasts = np.r_[starts[1:], n] - 1
+    at = col["at"][order] if "at" in col else np.zeros(n)
     w = fold_weights(starts, n, at, settings)
     w = np.ones(n) if w is None else w
     counts = np.diff(np.r_[starts, n])
+    within = np.add.reduceat(forward_steps_s(starts, at), starts)
     bits = col["bits"][order]
 
     def total(x: np.ndarray) -> np.ndarray:
@@ -141,7 +226,9 @@ def _totals(
         present = ~np.isnan(x)
         wp, x = w * present, np.where(present, x, 0.0)
         sums += [total(wp), total(wp * x), total(wp * x * x)]
+    table = np.stack(sums, axis=1)
     return {
-        names[int(code[s])]: ([float(c[k]) for c in sums], int(counts[k]))
+        names[int(code[s])]: _Hour(table[k], int(counts[k]), float(at[s]),
+                                   float(at[lasts[k]]), float(within[k]))
         for k, s in enumerate(starts)
-    }
+    }  # fmt: skip

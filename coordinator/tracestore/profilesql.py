@@ -56,6 +56,7 @@ from coordinator.core.profiles import (
     Moments,
 )
 from coordinator.tracestore.profilepacked import (
+    BATCH_ROWS,
     CAND_FLAGS,
     CAND_VALUES,
     FLAGS,
@@ -143,23 +144,24 @@ _GROUPED = f"""SELECT pid, src, dst, {_cand_cols()}, {_link_cols()},
 FROM ({_ROWS}) r GROUP BY pid, src, dst"""
 
 
-# A packed group holds one hour of stream ids: a bytea cannot pass 1 GB, which an hour of
-# one candidate and link's 74-byte records reaches only at 4 000 observations a second.
+# A packed group holds one hour of stream ids, and the recompute holds one hour of rows
+# at a time (profilepacked). A bytea cannot pass 1 GB, which an hour of one candidate and
+# link's 74-byte records reaches only at 4 000 observations a second.
 _HOUR_MS = 3_600_000
 
 
 def _packed(settings: ProfileSettings) -> bytes:
-    """With decay: each group's rows packed (coordinator.tracestore.profilepacked). The
-    stream id's hour is in the group key only to keep each bytea small."""
+    """With decay: each group's rows packed (coordinator.tracestore.profilepacked), the
+    groups in order of the stream id's hour."""
     bits = " | ".join(f"(coalesce({_FLAG_SQL[f]}, false)::int << {i})" for i, f in enumerate(FLAGS))
     send = {"ms": "int8send(ms)", "seq": "int8send(seq)", "at": "float8send(at)",
             "bits": f"int2send(({bits})::int2)"}  # fmt: skip
     record = " || ".join(send.get(f, f"float8send(coalesce({f}, 'NaN'))") for f in fields(settings))
     # OFFSET 0 keeps the subquery whole, so that the parallel workers pack the rows
     # (string_agg has no parallel step in Postgres 15; the leader only appends them).
-    query = f"""SELECT pid, src, dst, string_agg(rec, ''::bytea) FROM (
+    query = f"""SELECT pid, src, dst, hour, string_agg(rec, ''::bytea) FROM (
     SELECT pid, src, dst, ms / {_HOUR_MS} AS hour, {record} AS rec FROM ({_ROWS}) r OFFSET 0
-) packed GROUP BY pid, src, dst, hour"""
+) packed GROUP BY pid, src, dst, hour ORDER BY hour"""
     return query.encode()
 
 
@@ -266,9 +268,11 @@ class _Sums:
             self.link[(src, dst)] = _add(self.link.get((src, dst)), link)
             self.link_n[(src, dst)] += int(n_link)
 
-    def add_packed(self, rows: Iterable[tuple[Any, ...]], settings: ProfileSettings) -> None:
+    def add_packed(
+        self, rows: Iterable[tuple[Any, ...]], settings: ProfileSettings, batch_rows: int
+    ) -> None:
         """The rows of the packed query (with decay), weighted."""
-        cands, links = packed_sums(rows, settings)
+        cands, links = packed_sums(rows, settings, batch_rows)
         for pid, (v, n) in cands.items():
             self.cand[pid], self.cand_n[pid] = v, n
         for link, (v, n) in links.items():
@@ -293,11 +297,17 @@ def split_id(stream_id: str) -> tuple[int, int]:
 
 
 def aggregate(
-    conn: Conn, watermark: str, since: datetime, sealed_at: datetime, settings: ProfileSettings
+    conn: Conn,
+    watermark: str,
+    since: datetime,
+    sealed_at: datetime,
+    settings: ProfileSettings,
+    batch_rows: int = BATCH_ROWS,
 ) -> tuple[dict[str, CandidateProfile], dict[str, LinkProfile]]:
     """Candidate and link profiles of the members up to ``watermark`` that finished since
     ``since``, on one snapshot of the database (REPEATABLE READ). Judgements made after
-    ``sealed_at`` are left to the online deltas. ``conn`` must be in autocommit mode."""
+    ``sealed_at`` are left to the online deltas. ``conn`` must be in autocommit mode.
+    With decay, the rows are weighted ``batch_rows`` or more at a time (profilepacked)."""
     w_ms, w_seq = split_id(watermark)
     params: dict[str, Any] = {
         "since": since, "sealed_at": sealed_at, "w_ms": w_ms, "w_seq": w_seq,
@@ -316,7 +326,8 @@ def aggregate(
                 sums.add(row)
         else:  # bytea in binary (no hex text to decode), a group at a time
             with conn.cursor() as cur:
-                sums.add_packed(cur.stream(_packed(settings), params, binary=True), settings)
+                groups = cur.stream(_packed(settings), params, binary=True)
+                sums.add_packed(groups, settings, batch_rows)
         params["pids"] = sorted(sums.cand)
         newest = conn.execute(_NEWEST.encode(), params).fetchall() if sums.cand else []
         links = sorted(sums.link)
