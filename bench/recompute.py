@@ -5,7 +5,8 @@ is adopted by another process.
 
 Creates a throwaway database in the Postgres at --pg-url (dropped at the end), applies
 the migrations, COPYs --rows synthetic member rows (finished within the last day, stream
-ids increasing; the link observations are a view of them, migration 0006). Then:
+ids increasing with the finish times, as the trace stream's do; the link observations
+are a view of them, migration 0006). Then:
 
 - aggregation: the recompute's SQL (coordinator.tracestore.recompute.aggregate) over every row,
   median of --repeats, with no decay (the default) and with a half-life in observations
@@ -64,6 +65,13 @@ COLUMNS = (
 )
 
 
+def stream_id(i: int, n: int, ms0: int) -> str:
+    """Row ``i``'s stream id: the millisecond it finished in, as the trace stream's own
+    ids run (Redis names an entry by the time it is added), so the rows span the day's
+    hours as a deployment's do."""
+    return f"{ms0 + i * 86_000_000 // n}-{i % 4}"
+
+
 def rows(n: int, candidates: int, t0: datetime, ms0: int) -> Iterator[tuple[Any, ...]]:
     span = 86_000.0 / n  # seconds between finishes: the rows span the last day
     for i in range(n):
@@ -78,7 +86,7 @@ def rows(n: int, candidates: int, t0: datetime, ms0: int) -> Iterator[tuple[Any,
             None if ok else "boom", (i % 97) / 97 if ok else None, 1.3,
             0.5 + (i % 53) / 10 if ok else None, 512, 256 if ok else 0, 2048,
             0.08 if kind != "network" else None, 2e6 if kind != "network" else None,
-            kind == "network", f"{ms0 + i // 4}-{i % 4}",
+            kind == "network", stream_id(i, n, ms0),
         )  # fmt: skip
 
 
@@ -93,7 +101,7 @@ def load(url: str, n: int, candidates: int) -> tuple[str, float]:
                 copy.write_row(row)
         copy_s = time.perf_counter() - start
         conn.execute("ANALYZE members")
-    return f"{ms0 + (n - 1) // 4}-{(n - 1) % 4}", copy_s
+    return stream_id(n - 1, n, ms0), copy_s
 
 
 def _timed(url: str, repeats: int, read: Callable[[Any, datetime, datetime], Any]) -> list[float]:
