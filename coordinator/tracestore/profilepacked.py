@@ -62,8 +62,8 @@ def _dtype(settings: ProfileSettings) -> np.dtype:
 
 @dataclass(slots=True)
 class _Fold:
-    """A candidate's or link's fold over the hours so far: its sums (profilesql's order),
-    observations, and last observation's time (with decay by seconds)."""
+    """A candidate's or link's fold over the batches so far: its sums (profilesql's
+    order), observations, and last observation's time (with decay by seconds)."""
 
     sums: np.ndarray
     n: int
@@ -71,8 +71,8 @@ class _Fold:
 
 
 @dataclass(frozen=True, slots=True)
-class _Hour:
-    """A candidate's or link's rows of one hour, folded from nothing: their sums, count,
+class _Part:
+    """A candidate's or link's rows of one batch, folded from nothing: their sums, count,
     first and last time, and the forward time between them (Σ max(0, Δt))."""
 
     sums: np.ndarray
@@ -167,16 +167,16 @@ class _Batch:
             _carry(links, lk, part, settings)
 
 
-def _carry(folds: dict[K, _Fold], key: K, hour: _Hour, settings: ProfileSettings) -> None:
-    """The fold so far decays across the hour's observations, then the hour's sums add."""
+def _carry(folds: dict[K, _Fold], key: K, part: _Part, settings: ProfileSettings) -> None:
+    """The fold so far decays across the batch's observations, then the batch's sums add."""
     fold = folds.get(key)
     if fold is None:
-        folds[key] = _Fold(hour.sums, hour.n, hour.last_s)
+        folds[key] = _Fold(part.sums, part.n, part.last_s)
         return
-    elapsed_s = max(0.0, hour.first_s - fold.last_s) + hour.within_s
-    fold.sums = fold.sums * carried_weight(settings, hour.n, elapsed_s) + hour.sums
-    fold.n += hour.n
-    fold.last_s = hour.last_s
+    elapsed_s = max(0.0, part.first_s - fold.last_s) + part.within_s
+    fold.sums = fold.sums * carried_weight(settings, part.n, elapsed_s) + part.sums
+    fold.n += part.n
+    fold.last_s = part.last_s
 
 
 def _stream_order(ms: np.ndarray, seq: np.ndarray) -> np.ndarray:
@@ -194,7 +194,7 @@ def _stream_order(ms: np.ndarray, seq: np.ndarray) -> np.ndarray:
 def _totals(
     col: dict[str, np.ndarray], stream: np.ndarray, code: np.ndarray, names: Sequence[K],
     flags: Sequence[str], values: Sequence[str], settings: ProfileSettings,
-) -> dict[K, _Hour]:  # fmt: skip
+) -> dict[K, _Part]:  # fmt: skip
     """Per code, the rows ``stream`` (in stream order) of that code folded from nothing:
     their weights summed (all, then where each flag is set), then the weighted moments of
     each value where present."""
@@ -228,7 +228,7 @@ def _totals(
         sums += [total(wp), total(wp * x), total(wp * x * x)]
     table = np.stack(sums, axis=1)
     return {
-        names[int(code[s])]: _Hour(table[k], int(counts[k]), float(at[s]),
+        names[int(code[s])]: _Part(table[k], int(counts[k]), float(at[s]),
                                    float(at[lasts[k]]), float(within[k]))
         for k, s in enumerate(starts)
     }  # fmt: skip
