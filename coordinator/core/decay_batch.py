@@ -62,10 +62,13 @@ def forward_steps_s(starts: np.ndarray, at_s: np.ndarray) -> np.ndarray:
     return step
 
 
-def carried_weight(settings: ProfileSettings, rows: int, elapsed_s: float) -> float:
+def carried_weight(settings: ProfileSettings, rows: float, elapsed_s: float) -> float:
     """How much a partition's fold so far decays while ``rows`` later observations are
     folded that add ``elapsed_s`` of forward steps (Σ max(0, Δt), the first from the
-    fold's last observation): the product of their ``decay_weight`` factors."""
+    fold's last observation): the product of their ``decay_weight`` factors. The profile
+    merge's :func:`coordinator.core.profile_merge.merge_weight` is the same rule with
+    the elapsed time taken from two last times; it stays written out on the profile
+    cache's path, where calling this instead cost 160 ns a merge (timeit)."""
     if math.isinf(settings.half_life):
         return 1.0
     if settings.decay_unit is DecayUnit.OBSERVATIONS:

@@ -206,12 +206,17 @@ def _totals(
     code = code[order]
     n = code.size
     starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
-    lasts = np.r_[starts[1:], n] - 1
-    at = col["at"][order] if "at" in col else np.zeros(n)
+    at = col["at"][order] if "at" in col else None  # with decay by seconds only
     w = fold_weights(starts, n, at, settings)
     w = np.ones(n) if w is None else w
     counts = np.diff(np.r_[starts, n])
-    within = np.add.reduceat(forward_steps_s(starts, at), starts)
+    # Each code's first and last time and the forward time between: what carrying its
+    # fold across batches needs with decay by seconds (by observations, the count).
+    if at is None:
+        first = last = within = np.zeros(starts.size)
+    else:
+        first, last = at[starts], at[np.r_[starts[1:], n] - 1]
+        within = np.add.reduceat(forward_steps_s(starts, at), starts)
     bits = col["bits"][order]
 
     def total(x: np.ndarray) -> np.ndarray:
@@ -228,7 +233,7 @@ def _totals(
         sums += [total(wp), total(wp * x), total(wp * x * x)]
     table = np.stack(sums, axis=1)
     return {
-        names[int(code[s])]: _Part(table[k], int(counts[k]), float(at[s]),
-                                   float(at[lasts[k]]), float(within[k]))
+        names[int(code[s])]: _Part(table[k], int(counts[k]), float(first[k]),
+                                   float(last[k]), float(within[k]))
         for k, s in enumerate(starts)
     }  # fmt: skip

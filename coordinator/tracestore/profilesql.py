@@ -125,7 +125,7 @@ _FLAG_SQL = {"delivered": "delivered", "ok": "ok", **_FAILED, "has_link": "has_l
 
 
 def _cand_cols() -> str:
-    counts = [_agg(None, _FLAG_SQL[c] if c else None) for c in ("", *CAND_FLAGS)]
+    counts = [_agg(None, None)] + [_agg(None, _FLAG_SQL[c]) for c in CAND_FLAGS]
     return ", ".join(counts + [_agg(x, None) for x in CAND_VALUES])
 
 
@@ -144,9 +144,9 @@ _GROUPED = f"""SELECT pid, src, dst, {_cand_cols()}, {_link_cols()},
 FROM ({_ROWS}) r GROUP BY pid, src, dst"""
 
 
-# A packed group holds one hour of stream ids, and the recompute holds one hour of rows
-# at a time (profilepacked). A bytea cannot pass 1 GB, which an hour of one candidate and
-# link's 74-byte records reaches only at 4 000 observations a second.
+# A packed group holds one hour of stream ids, so that profilepacked can fold whole hours
+# a batch at a time. A bytea cannot pass 1 GB, which an hour of one candidate and link's
+# 74-byte records reaches only at 4 000 observations a second.
 _HOUR_MS = 3_600_000
 
 
