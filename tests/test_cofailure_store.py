@@ -4,8 +4,10 @@ reads them back (issue 10, item 2)."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -20,6 +22,7 @@ from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.errors import DatabaseError, InputError
 from coordinator.state.memstore import MemoryStore
 from coordinator.state.store import RedisStore
+from coordinator.tracestore.cofailuresql import BATCH_MEMBERS, aggregate_cofailure
 from coordinator.tracestore.db import connect
 from coordinator.tracestore.harvester import Harvester
 from coordinator.tracestore.recompute import recompute
@@ -29,19 +32,23 @@ CANDS = ["c0", "c1", "c2", "c3"]
 
 
 def groups_of_traces(
-    n: int, seed: int, now: float, ties_and_retries: bool = False
-) -> list[list[MemberTrace]]:
-    """``ties_and_retries``: groups complete three at a time (folded in group id order,
-    g10 before g9) and a member is sometimes retried (the same outcome twice)."""
+    n: int, seed: int, now: float, ties_and_retries: bool = False, step_s: float = 1.0,
+    prefixes: str = "g",
+) -> list[list[MemberTrace]]:  # fmt: skip
+    """Groups completing ``step_s`` apart, ids of the ``prefixes`` in turn. With
+    ``ties_and_retries`` they complete three at a time (folded in group id order, g10
+    before g9) and a member is sometimes retried (the same outcome twice)."""
     rng = random.Random(seed)
     groups = []
     for g in range(n):
         members = rng.sample(CANDS, rng.randint(1, 3))
-        done = now + (g // 3 if ties_and_retries else g)
+        done = now + (g // 3 if ties_and_retries else g) * step_s
+        gid = f"{prefixes[g % len(prefixes)]}{g}"
         group = []
         for k, cand in enumerate(members):
             t = make_trace(g, cand, rng, done - 0.1 * k)
-            group.append(t.model_copy(update={"member_id": f"g{g}.{k}", "rank": k}))
+            update = {"member_id": f"{gid}.{k}", "rank": k, "group_id": gid, "invocation_id": gid}
+            group.append(t.model_copy(update=update))
         if ties_and_retries and rng.random() < 0.3:
             group.append(group[0].model_copy(update={"member_id": f"g{g}.r"}))
         groups.append(group)
@@ -101,6 +108,48 @@ def test_the_recompute_publishes_the_folded_co_failure_evidence(
         )
     # A second read with the same snapshot version is the cached value.
     assert store.load_cofailure() is got
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ProfileSettings(),
+        ProfileSettings(half_life=6.0),
+        ProfileSettings(half_life=200.0, decay_unit=DecayUnit.SECONDS),
+    ],
+)
+def test_the_read_folds_batch_by_batch_as_one_fold(
+    r: redis.Redis, pool: ConnectionPool, db: str, cfg: ProfileSettings
+) -> None:
+    """Groups over a quarter of an hour (minutes of completions, read in batches of one
+    member and more, of 40 and of the default), completing three at a time, their ids
+    tied in code point order, which no database collation need follow ("Z" < "a" < "é")."""
+    store = RedisStore(r, cfg)
+    groups = groups_of_traces(300, 8, time.time() - 3600, True, step_s=9.0, prefixes="aéZg")
+    for group in groups:
+        for t in group:
+            record(store, t, cfg)
+    drain(Harvester(r, pool, hsettings(), "h"))
+    want = expected(groups, cfg)
+    now = datetime.now(UTC)
+    with connect(db) as conn:
+        for batch_members in (1, 40, BATCH_MEMBERS):
+            got = aggregate_cofailure(conn, "99999999999999-0", now - timedelta(days=1),
+                                      now, cfg, batch_members)  # fmt: skip
+            assert sorted(got.pairs) == sorted(want.pairs) and want.pairs
+            for key, p in want.pairs.items():
+                q = got.pairs[key]
+                assert (q.observations, q.last_seen_s) == pytest.approx(
+                    (p.observations, p.last_seen_s), rel=1e-15
+                )
+                if math.isinf(cfg.half_life):  # to the bit, as the fold adds them
+                    assert (q.n, q.s_a, q.s_b, q.s_ab) == (p.n, p.s_a, p.s_b, p.s_ab)
+                else:
+                    assert (q.n, q.s_a, q.s_b, q.s_ab) == pytest.approx(
+                        (p.n, p.s_a, p.s_b, p.s_ab), rel=1e-9
+                    )
+        with pytest.raises(InputError, match="batch_members 0; expected at least 1"):
+            aggregate_cofailure(conn, "99999999999999-0", now, now, cfg, 0)
 
 
 def test_the_memory_store_hands_back_what_was_set() -> None:
