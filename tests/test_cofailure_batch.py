@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from coordinator.core.cofailure import CoFailure, PairStats, fold_groups
-from coordinator.core.cofailure_batch import PairSums, _order, fold_batch, fold_sums
+from coordinator.core.cofailure import CoFailure, fold_groups
+from coordinator.core.cofailure_batch import PairSums, _order, fold_sums
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.errors import InputError
 
@@ -37,6 +37,14 @@ def as_arrays(groups: Groups) -> tuple[np.ndarray, ...]:
     cand = [index[c] for members, _ in groups for c, _ in members]
     phi = [p for members, _ in groups for _, p in members]
     return np.array(g), np.array(cand), np.array(phi), np.array([at for _, at in groups])
+
+
+def fold_batch(
+    ids: list[str], group: np.ndarray, cand: np.ndarray, phi: np.ndarray, at_s: np.ndarray,
+    cfg: ProfileSettings,
+) -> CoFailure:  # fmt: skip
+    """The array fold from no evidence, as the sequential fold hands it out."""
+    return CoFailure(fold_sums(ids, group, cand, phi, at_s, cfg, PairSums.empty()).pairs(ids))
 
 
 SETTINGS = {
@@ -83,31 +91,6 @@ def test_batch_by_batch_from_the_evidence_before_is_one_fold(
         sums = fold_sums(IDS, *as_arrays(groups[lo:hi]), cfg, sums)
     assert sums.key.tolist() == sorted(sums.key.tolist())
     assert_same(CoFailure(sums.pairs(IDS)), fold_groups(CoFailure(), groups, cfg), decay)
-
-
-@pytest.mark.parametrize("decay", sorted(SETTINGS))
-def test_evidence_folded_before_is_carried_as_the_sequential_fold_carries_it(decay: str) -> None:
-    """From evidence of another fold, also of candidates the batch does not list (handed
-    on as they are) and of a pair never observed (started afresh)."""
-    cfg = SETTINGS[decay]
-    before = fold_groups(CoFailure(), random_groups(6, 300), cfg)
-    before = CoFailure({**before.pairs, ("a", "zz"): PairStats(3.0, 1.0, 1.0, 0.5, 3, 9.0),
-                        ("a", "b"): PairStats()})  # fmt: skip
-    end = max(p.last_seen_s or 0.0 for p in before.pairs.values())
-    groups = [(m, at - 1000.0 + end + 5.0) for m, at in random_groups(7, 300)]  # just after
-    got = fold_batch(IDS, *as_arrays(groups), cfg, before)
-    assert got.pairs[("a", "zz")] == PairStats(3.0, 1.0, 1.0, 0.5, 3, 9.0)
-    assert_same(got, fold_groups(before, groups, cfg), decay)
-    empty = np.array([], dtype=np.int64)
-    assert fold_batch(IDS, empty, empty, empty.astype(float), empty.astype(float), cfg,
-                      before).pairs == before.pairs  # fmt: skip
-
-
-def test_carried_evidence_observed_with_no_time_is_named() -> None:
-    bad = CoFailure({("a", "b"): PairStats(1.0, 0.0, 0.0, 0.0, 1, None)})
-    groups: Groups = [([("a", 1.0), ("b", 0.25)], 5.0)]
-    with pytest.raises(InputError, match=r"pair \('a', 'b'\) observed 1 times, last at None"):
-        fold_batch(IDS, *as_arrays(groups), ProfileSettings(), bad)
 
 
 def test_a_retried_candidate_counts_once_with_its_last_score() -> None:

@@ -3,8 +3,8 @@ in arrays: what the profile recompute runs over a window of stored groups.
 
 Reading 333k groups' arrays into Python objects and folding them one at a time made most
 of the recompute's 3.5 s co-failure read over 1M member rows (bench/recompute.py); here
-every step is a numpy pass over the packed members. The value is the fold's, from no
-evidence, over the same groups in the same order:
+every step is a numpy pass over the packed members. The value is the fold's over the
+same groups in the same order, from the same evidence:
 
 - a candidate twice in one group (a retry) counts once, with its last score, as in the
   fold;
@@ -16,11 +16,11 @@ evidence, over the same groups in the same order:
   coordinator.core.decay_batch.fold_weights). Without decay every weight is
   exactly 1 and the sums are added in the fold's order, so the evidence is the fold's to
   the bit; with decay it differs by rounding (relative 1e-12 in the tests);
-- evidence folded before (a batch of earlier groups) enters each pair's sums as one more
-  term ahead of the pair's first, at its last time, with its sums for values: it decays
-  as the fold decays it (by the batch's later observations, or by the seconds from its
-  last time on), and without decay it is added first, as the fold adds to it. So folding
-  groups batch by batch, each batch from the evidence of the ones before, gives the
+- the sums of the batches before (:class:`PairSums`) enter each pair's as one more term
+  ahead of the pair's first, at its last time, with its sums for values: they decay as
+  the fold decays them (by the batch's later observations, or by the seconds from that
+  last time on), and without decay they are added first, as the fold adds to them. So
+  folding groups batch by batch, each batch into the sums of the ones before, gives the
   value of one fold over them all, and a window's groups need not all be held at once.
 
 Pure: no I/O; validated once here (ids in order, scores in [0, 1], indices in range).
@@ -28,13 +28,12 @@ Pure: no I/O; validated once here (ids in order, scores in [0, 1], indices in ra
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from coordinator.core.cofailure import CoFailure, PairKey, PairStats
+from coordinator.core.cofailure import PairKey, PairStats
 from coordinator.core.decay_batch import fold_weights
 from coordinator.core.params import ProfileSettings
 from coordinator.errors import InputError
@@ -44,7 +43,7 @@ from coordinator.errors import InputError
 class PairSums:
     """Pairs' sums in arrays, one entry per pair, ascending by key ``a·len(ids) + b``
     (``a``, ``b`` the candidates' indices in ``ids``, a < b): what a fold batch by batch
-    carries from one batch to the next, turned into a :class:`CoFailure` once at the end
+    carries from one batch to the next, turned into PairStats once at the end
     (:meth:`pairs`), since building every pair's PairStats per batch cost 60 ms a batch
     with 200 candidates' 19 900 pairs."""
 
@@ -71,26 +70,6 @@ class PairSums:
         return out
 
 
-def fold_batch(
-    ids: Sequence[str],
-    group: np.ndarray,
-    cand: np.ndarray,
-    phi: np.ndarray,
-    at_s: np.ndarray,
-    settings: ProfileSettings,
-    evidence: CoFailure | None = None,
-) -> CoFailure:
-    """Fold groups ``0 … len(at_s) − 1`` in index order from ``evidence`` (none if
-    None): member ``k`` of group ``group[k]`` ran candidate ``ids[cand[k]]`` with failure
-    score ``phi[k]``, and group ``g`` completed at ``at_s[g]``. ``ids`` in ascending order
-    (a pair is kept under its ids in order, as
-    :func:`coordinator.core.cofailure.pair_key` keeps it). The evidence's pairs that the
-    groups do not hold are handed on as they are."""
-    known = {} if evidence is None else evidence.pairs
-    folded = fold_sums(ids, group, cand, phi, at_s, settings, _carried(ids, known))
-    return CoFailure({**known, **folded.pairs(ids)})
-
-
 def fold_sums(
     ids: Sequence[str],
     group: np.ndarray,
@@ -100,8 +79,12 @@ def fold_sums(
     settings: ProfileSettings,
     before: PairSums,
 ) -> PairSums:
-    """:func:`fold_batch` in arrays: the sums of ``before`` (of the same ``ids``) with the
-    groups folded in, ``before``'s pairs that they do not hold as they were."""
+    """Fold groups ``0 … len(at_s) − 1`` in index order into the sums ``before`` (of the
+    same ``ids``; :meth:`PairSums.empty` for no evidence): member ``k`` of group
+    ``group[k]`` ran candidate ``ids[cand[k]]`` with failure score ``phi[k]``, and group
+    ``g`` completed at ``at_s[g]``. ``ids`` in ascending order (a pair is kept under its
+    ids in order, as :func:`coordinator.core.cofailure.pair_key` keeps it). The pairs of
+    ``before`` that the groups do not hold come out as they were."""
     group, cand, phi, at_s = _checked(ids, group, cand, phi, at_s)
     g, a, b, pa, pb = _pairs(*_last_per_candidate(group, cand, phi, len(ids)))
     if g.size == 0:
@@ -129,27 +112,6 @@ def fold_sums(
         total(before.n, np.ones(g.size)), total(before.s_a, pa), total(before.s_b, pb),
         total(before.s_ab, pa * pb),
     )  # fmt: skip
-
-
-def _carried(ids: Sequence[str], known: Mapping[PairKey, PairStats]) -> PairSums:
-    """The pairs of ``known`` that the groups could hold (both candidates in ``ids``) and
-    that have been observed, in arrays. A pair never observed has no terms: the fold
-    starts it afresh."""
-    index = {c: i for i, c in enumerate(ids)}
-    rows = []
-    for (a, b), p in known.items():
-        if p.observations == 0 or a not in index or b not in index:
-            continue
-        if p.last_seen_s is None or not math.isfinite(p.last_seen_s):
-            raise InputError(f"pair ({a!r}, {b!r}) observed {p.observations} times, last at "
-                             f"{p.last_seen_s!r}; expected a finite time")  # fmt: skip
-        rows.append((index[a] * len(ids) + index[b], p.last_seen_s, p.observations,
-                     p.n, p.s_a, p.s_b, p.s_ab))  # fmt: skip
-    if not rows:
-        return PairSums.empty()
-    rows.sort()
-    key, *rest = zip(*rows, strict=True)
-    return PairSums(np.array(key, np.int64), *(np.array(x, np.float64) for x in rest))
 
 
 def _checked(
