@@ -15,9 +15,9 @@ key and a float8 score), their sizes and completion times, and their ids. The ro
 streamed and folded a batch of whole minutes at a time (:data:`BATCH_MEMBERS` members, or
 a minute's if more), each batch from the sums of the ones before, so that the process
 holds a batch, not the window: read whole, the window took 250 B a member (247 MB at the
-peak over the 1M member rows of bench/recompute.py), and a week of a busy fleet holds
-ten times as many. What costs is moving the members through Postgres and into Python,
-so the query moves little:
+peak over the 1M member rows of bench/recompute.py, a day of stored traces), and the
+default window, a week, holds seven such days. What costs is moving the members through
+Postgres and into Python, so the query moves little:
 
 - the key is ``hashtextextended(candidate_id, seed)``, not the id (text to decode per
   member) nor a number joined from the candidate list (0.3–0.4 s more over the 1M
