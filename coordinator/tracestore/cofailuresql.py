@@ -162,7 +162,8 @@ class _Fold:
         groups = np.frombuffer(b"".join(p[1] for p in parts), dtype=_GROUP)
         sizes = groups["n"].astype(np.int64)
         if int(sizes.sum()) != members.size:
-            raise DatabaseError(f"{members.size} members packed for groups of {sizes.sum()}")
+            raise DatabaseError(f"{members.size} members packed for groups whose sizes add "
+                                f"up to {sizes.sum()}; expected the same count")  # fmt: skip
         found = np.searchsorted(self._sorted_keys, members["key"]).clip(0, len(self.ids) - 1)
         at = self._key_order[found]
         if not (self._sorted_keys[found] == members["key"]).all():
