@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_policy import make_stats, params_st, pools_st
 
@@ -24,7 +24,7 @@ from coordinator.core.cofailure import (
     fold_groups,
     merge,
 )
-from coordinator.core.joint import JointModel
+from coordinator.core.joint import JointMemo, JointModel
 from coordinator.core.params import DecayUnit, PolicyParams, ProfileSettings
 from coordinator.core.policy import CandidateArrays, allocate
 from coordinator.core.profiles import decay_weight
@@ -78,8 +78,10 @@ def test_joint_model_equals_enumeration_of_every_shock_pattern(data: st.DataObje
     dep = data.draw(domains_st(n))
     members = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))
     model = JointModel(fail, dep, max_domains=16)
-    got = model.p_all_fail(np.array(members, dtype=np.intp))
-    assert got == pytest.approx(brute_force(fail, dep, members), abs=1e-9)
+    want = brute_force(fail, dep, members)
+    subset = np.array(members, dtype=np.intp)
+    assert model.p_all_fail(subset) == pytest.approx(want, abs=1e-9)  # the product table
+    assert model.p_all_fail_closed(subset) == pytest.approx(want, abs=1e-9)
 
 
 @settings(max_examples=150, deadline=None, database=None)
@@ -121,7 +123,104 @@ def test_merging_domains_past_the_cap_never_understates_joint_failure(
     assert capped >= exact - 1e-12
 
 
+def test_the_memo_builds_a_pools_joint_model_once_per_snapshot_of_its_domains() -> None:
+    r_minus = np.array([0.7, 0.6, 0.5])
+    dep = Dependence((Domain("zone:a", (0, 1), 0.2),))
+    memo = JointMemo()
+    model = memo.get(r_minus, dep, 10)
+    assert memo.get(r_minus, dep, 10) is model
+    same = Dependence((Domain("zone:a", (0, 1), 0.2),))  # equal domains, another object
+    assert memo.get(r_minus, same, 10) is model
+    newer = Dependence((Domain("zone:a", (0, 1), 0.3),))  # the next snapshot's
+    assert memo.get(r_minus, newer, 10) is not model
+    assert memo.get(r_minus, dep, 10) is model  # the last two snapshots are kept
+    assert model.fail.tolist() == pytest.approx([0.3, 0.4, 0.5])
+
+
 # ---------------------------------------------------------------- the rule
+
+
+def _greedy_one_by_one(
+    ranked: np.ndarray, fail: np.ndarray, u_plus: np.ndarray, model: JointModel, size: int
+) -> list[int]:
+    """The rule's greedy choice as its definition reads, one candidate at a time: the
+    next member maximises U⁺ · (P(S fails) − P(S and it fail)) / (P(S fails) · (1 − F)),
+    the first of scores within a relative 1e-9 in U⁺ order."""
+    chosen = [int(ranked[0])]
+    left = [int(c) for c in ranked[1:]]
+    p_fail = model.p_all_fail(np.array(chosen, dtype=np.intp))
+    while len(chosen) < size and left:
+        best, best_score, best_p = left[0], -1.0, p_fail
+        each = model.p_all_fail_with_each(np.array(chosen, dtype=np.intp))
+        for j in left:
+            if each is not None:
+                p_with = float(each[j])
+            else:
+                p_with = model.p_all_fail(np.array([*chosen, j], dtype=np.intp))
+            survive = 1.0 - fail[j]
+            rescue = (p_fail - p_with) / (p_fail * survive) if p_fail > 0 and survive > 0 else 0.0
+            score = float(u_plus[j]) * rescue
+            if score > best_score * (1.0 + 1e-9) + 1e-15:
+                best, best_score, best_p = j, score, p_with
+        chosen.append(best)
+        left.remove(best)
+        p_fail = best_p
+    return chosen
+
+
+def _random_pool(seed: int) -> tuple[CandidateArrays, Dependence, PolicyParams]:
+    """A pool of 1-30 candidates of their own qualities, up to 12 random domains, a
+    random τ and cap: sets worth diversifying are common, unlike in pools_st."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 31))
+    q, m = rng.uniform(0.2, 0.99, n), rng.uniform(2.0, 400.0, n)
+    if seed % 4 == 0:  # equal candidates: ties everywhere
+        q[:], m[:] = q[0], m[0]
+    stats = CandidateArrays.from_columns(
+        alpha=1 + q * m, beta=1 + (1 - q) * m,
+        f_int=rng.uniform(0.0, 0.3, n) * (rng.uniform(size=n) < 0.5), loss=np.zeros(n),
+        t_proc_s=rng.uniform(0.5, 3.0, n), bytes=np.full(n, 1000.0),
+        bandwidth_Bps=np.full(n, 1e6), jitter_Bps=np.zeros(n),
+    )  # fmt: skip
+    domains = tuple(
+        Domain(
+            f"d{k}",
+            tuple(sorted(set(rng.integers(0, n, int(rng.integers(1, n + 1))).tolist()))),
+            float(rng.uniform(0.0, 0.5)),
+        )
+        for k in range(int(rng.integers(1, 13)))
+    )
+    params = PolicyParams(
+        tau=float(rng.uniform(0.8, 0.999)),
+        max_enumerated_domains=int(rng.integers(1, 17)),
+        unreachable_members="saturate" if seed % 3 == 0 else "pool",
+    )
+    return stats, Dependence(domains), params
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.integers(0, 2**32 - 1))
+@example(204)  # past the cap no score above -1 at a step: the set's P(all fail) is kept
+@example(672)
+def test_the_rule_takes_the_members_its_one_by_one_definition_takes(seed: int) -> None:
+    """The rule scores every candidate at once (issue 12); the set, its order and its
+    probability are those of the greedy's definition, candidate by candidate, on the
+    same joint model."""
+    stats, dep, params = _random_pool(seed)
+    got = allocate(stats, params, dep)
+    model = JointModel(1.0 - got.r_minus, dep, params.max_enumerated_domains)
+    ranked = np.argsort(-got.u_plus, kind="stable")
+    want = _greedy_one_by_one(ranked, model.fail, got.u_plus, model, got.size)
+    prefix = 1.0 - model.p_all_fail_prefixes(ranked)
+    if 1.0 - model.p_all_fail(np.array(want, dtype=np.intp)) > prefix[got.size - 1] + 1e-12:
+        assert got.diversified
+        assert got.members.tolist() == sorted(want, key=ranked.tolist().index)
+        p = 1.0 - model.p_all_fail_prefixes(got.order)[got.size - 1]
+        assert got.p_success == p
+    else:
+        assert not got.diversified
+        assert got.members.tolist() == ranked[: got.size].tolist()
+        assert got.p_success == prefix[got.size - 1]
 
 
 @settings(max_examples=200, deadline=None, database=None)

@@ -51,6 +51,17 @@ class JointModel:
         self._tab: tuple[FloatArray, FloatArray] | None = None  # _table, built on first use
 
     def p_all_fail(self, members: npt.NDArray[np.intp]) -> float:
+        """P(all of ``members`` fail): from the product table when every domain can be
+        enumerated (one product over the set's columns), else :meth:`p_all_fail_closed`."""
+        tab = self._table()
+        if tab is None or members.size == 0:
+            return self._p_all_fail(members, self.residual)
+        weight, f = tab
+        return float(weight @ f[:, members].prod(axis=1))
+
+    def p_all_fail_closed(self, members: npt.NDArray[np.intp]) -> float:
+        """:meth:`p_all_fail` without the product table: domains holding one member or
+        all of S in closed form, the rest enumerated (merged past ``max_domains``)."""
         return self._p_all_fail(members, self.residual)
 
     def _table(self) -> tuple[FloatArray, FloatArray] | None:
@@ -111,6 +122,32 @@ class JointModel:
         return 1.0 - shared_all + shared_all * rest
 
 
+class JointMemo:
+    """The joint models of the last few dependence snapshots one pool's fixed terms were
+    decided with. A model (the membership, the residuals, the shock-pattern table of
+    2^k × n floats, k ≤ ``max_domains``) depends on R⁻ and the domains alone, not on the
+    request's size, so a view's plans build it once per snapshot rather than once per
+    call. Domains are matched by identity, then by value."""
+
+    SIZE = 2  # snapshots: the current one, and the last while a plan still holds it
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: tuple[tuple[Dependence, JointModel], ...] = ()
+
+    def get(self, r_minus: FloatArray, dep: Dependence, max_domains: int) -> JointModel:
+        """The model of failure probabilities 1 − ``r_minus`` under ``dep``; the caller
+        keeps one memo per (R⁻, ``max_domains``), as policy's fixed terms do."""
+        for d, model in self._entries:
+            if d is dep or d == dep:
+                return model
+        model = JointModel(1.0 - r_minus, dep, max_domains)
+        # One assignment of a new tuple: a plan on another thread sees the old or the new.
+        self._entries = ((dep, model), *self._entries[: self.SIZE - 1])
+        return model
+
+
 def _enumerate(shock: FloatArray, member: BoolArray, resid: FloatArray, cap: int) -> float:
     if shock.size == 0:
         return float(np.prod(resid))
@@ -141,13 +178,13 @@ class Selection:
 
 def select(
     ranked: npt.NDArray[np.intp],
-    fail: FloatArray,
+    model: JointModel,
     u_plus: FloatArray,
-    dep: Dependence,
     tau: float,
     params: PolicyParams,
 ) -> Selection:
-    """The dependence-aware stopping rule.
+    """The dependence-aware stopping rule, on the pool's joint model (:class:`JointMemo`:
+    built once per snapshot of the domains, since it depends on R⁻ and the domains alone).
 
     - How many members: the shortest U⁺ prefix whose dependence-aware P_succ reaches τ.
       For a fixed prefix that figure only falls as co-failure grows, so more observed
@@ -163,7 +200,6 @@ def select(
       whole pool is sent, or with ``unreachable_members = "saturate"`` the shortest
       prefix within ``unreachable_slack`` of the achievable probability.
     """
-    model = JointModel(fail, dep, params.max_enumerated_domains)
     n = ranked.shape[0]
     p_cum = 1.0 - model.p_all_fail_prefixes(ranked)
     reached = np.flatnonzero(p_cum >= tau)
@@ -177,38 +213,57 @@ def select(
         size = n
         if params.unreachable_members == "saturate":
             size = int(np.flatnonzero(p_cum >= achievable - params.unreachable_slack)[0]) + 1
-    chosen = _greedy(ranked, fail, u_plus, model, size)
-    p_greedy = 1.0 - model.p_all_fail(chosen)
-    diversified = p_greedy > p_cum[size - 1] + 1e-12
+    chosen = _greedy(ranked, u_plus, model, size)
+    diversified = 1.0 - model.p_all_fail(chosen) > p_cum[size - 1] + 1e-12
     if not diversified:
         return Selection(ranked, size, float(p_cum[size - 1]), p_cum, stop, achievable, False)
-    rank_of = {int(c): i for i, c in enumerate(ranked)}
-    head = sorted((int(c) for c in chosen), key=rank_of.__getitem__)
-    order = np.array(head + [int(c) for c in ranked if int(c) not in set(head)], dtype=np.intp)
+    rest = ranked[~np.isin(ranked, chosen)]
+    order = np.concatenate([ranked[np.isin(ranked, chosen)], rest]).astype(np.intp)
     cum = 1.0 - model.p_all_fail_prefixes(order)
     return Selection(order, size, float(cum[size - 1]), cum, stop, achievable, True)
 
 
 def _greedy(
-    ranked: npt.NDArray[np.intp], fail: FloatArray, u_plus: FloatArray, model: JointModel, size: int
+    ranked: npt.NDArray[np.intp], u_plus: FloatArray, model: JointModel, size: int
 ) -> npt.NDArray[np.intp]:
-    chosen = [int(ranked[0])]
-    left = [int(c) for c in ranked[1:]]
-    p_fail = model.p_all_fail(np.array(chosen, dtype=np.intp))
-    while len(chosen) < size and left:
-        best, best_score, best_p = left[0], -1.0, p_fail
-        each = model.p_all_fail_with_each(np.array(chosen, dtype=np.intp))
-        for j in left:  # U⁺ order: the first of equal scores wins, as in the ranking
-            if each is not None:
-                p_with = float(each[j])
-            else:
-                p_with = model.p_all_fail(np.array([*chosen, j], dtype=np.intp))
-            survive = 1.0 - fail[j]
-            rescue = (p_fail - p_with) / (p_fail * survive) if p_fail > 0 and survive > 0 else 0.0
-            score = float(u_plus[j]) * rescue
-            if score > best_score * (1.0 + 1e-9) + 1e-15:
-                best, best_score, best_p = j, score, p_with
-        chosen.append(best)
-        left.remove(best)
-        p_fail = best_p
-    return np.array(chosen, dtype=np.intp)
+    """The greedy set of ``size`` members, in the order taken."""
+    chosen = ranked[:1]
+    left = ranked[1:]
+    p_fail = model.p_all_fail(chosen)
+    while chosen.size < size and left.size:
+        each = model.p_all_fail_with_each(chosen)
+        if each is not None:
+            p_with = each[left]
+        else:
+            p_with = np.array([model.p_all_fail(np.append(chosen, j)) for j in left])
+        i = _first_best(u_plus[left] * _rescue(p_fail, p_with, model.fail[left]))
+        if i < 0:  # no score above -1 (past the cap merged bounds can rise): U⁺'s next
+            i = 0
+        else:
+            p_fail = float(p_with[i])
+        chosen = np.append(chosen, left[i])
+        left = np.delete(left, i)
+    return chosen
+
+
+def _rescue(p_fail: float, p_with: FloatArray, fail: FloatArray) -> FloatArray:
+    """How much of each candidate's success survives the chosen members' failure:
+    P(it succeeds | they all failed) over its own P(success); 0 where undefined."""
+    survive = 1.0 - fail
+    if p_fail <= 0:
+        return np.zeros_like(p_with)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rescue = (p_fail - p_with) / (p_fail * survive)
+    return np.where(survive > 0, rescue, 0.0)
+
+
+def _first_best(scores: FloatArray) -> int:
+    """The index of the best score, in U⁺ order the first of scores equal within a
+    relative 1e-9: ties in rounding keep the ranking's order, so decisions replay.
+    -1 when no score is above -1 (each set's merged bound, past the cap, may be above
+    the smaller set's: the set's P(all fail) is then kept)."""
+    best, best_score = -1, -1.0
+    for i, score in enumerate(scores.tolist()):
+        if score > best_score * (1.0 + 1e-9) + 1e-15:
+            best, best_score = i, score
+    return best
