@@ -39,7 +39,8 @@ SIZES = (6, 24, 200)
 ZONES = ("local", "regional", "global")
 ROLE = "plan"
 OBSERVATIONS = 8  # per candidate and per link: enough for every statistic to be set
-# Bounds each part: the rule with failure domains takes ~0.1 s a call at 200 candidates.
+# Bounds each part, so that a slow one (or an --n of many calls) cannot run on for long:
+# the slowest part, the uncached profile read at 200 candidates, takes ~3 ms a call.
 PART_BUDGET_S = 15.0
 PARTS = (
     "profiles",

@@ -123,6 +123,23 @@ def test_merging_domains_past_the_cap_never_understates_joint_failure(
     assert capped >= exact - 1e-12
 
 
+@pytest.mark.parametrize("domains", [3, 9])  # 8 patterns; 512, taken member by member
+def test_every_prefix_from_the_table_is_each_prefix_set_alone(domains: int) -> None:
+    rng = np.random.default_rng(domains)
+    n = 40
+    fail = rng.uniform(0.0, 0.6, n)
+    dep = Dependence(
+        tuple(
+            Domain(f"d{k}", tuple(sorted(set(rng.integers(0, n, 12).tolist()))), 0.1)
+            for k in range(domains)
+        )
+    )
+    model = JointModel(fail, dep, max_domains=10)
+    order = rng.permutation(n).astype(np.intp)
+    one_by_one = [model.p_all_fail_closed(order[: k + 1]) for k in range(n)]
+    assert model.p_all_fail_prefixes(order) == pytest.approx(one_by_one, rel=1e-9, abs=1e-15)
+
+
 def test_the_memo_builds_a_pools_joint_model_once_per_snapshot_of_its_domains() -> None:
     r_minus = np.array([0.7, 0.6, 0.5])
     dep = Dependence((Domain("zone:a", (0, 1), 0.2),))
