@@ -140,6 +140,18 @@ def test_every_prefix_from_the_table_is_each_prefix_set_alone(domains: int) -> N
     assert model.p_all_fail_prefixes(order) == pytest.approx(one_by_one, rel=1e-9, abs=1e-15)
 
 
+def test_a_snapshots_domain_table_serves_every_model_of_its_pool() -> None:
+    dep = Dependence((Domain("zone:a", (0, 1), 0.2), Domain("model:m", (1, 2), 0.0)))
+    first = JointModel(np.array([0.3, 0.4, 0.5]), dep, 10)
+    later = JointModel(np.array([0.2, 0.4, 0.6]), dep, 10)  # R⁻ after a profile changed
+    assert later.member is first.member  # the domains' part, worked out once
+    assert first.shock.tolist() == [0.2]  # a domain without a shock is left out
+    assert Dependence(dep.domains) == dep  # the table is not part of the value
+    members = np.array([0, 1], dtype=np.intp)
+    assert later.p_all_fail(members) == pytest.approx(later.p_all_fail_closed(members))
+    assert later.p_all_fail(members) != pytest.approx(first.p_all_fail(members))
+
+
 def test_the_memo_builds_a_pools_joint_model_once_per_snapshot_of_its_domains() -> None:
     r_minus = np.array([0.7, 0.6, 0.5])
     dep = Dependence((Domain("zone:a", (0, 1), 0.2),))

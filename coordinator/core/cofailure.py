@@ -231,6 +231,9 @@ class Dependence:
     """The dependence terms of one pool, in pool order; the allocation rule's input."""
 
     domains: tuple[Domain, ...]
+    # What the joint model derives from the domains alone, per pool size
+    # (coordinator.core.joint.DomainTable): worked out once per snapshot, not per view.
+    derived: dict[int, object] = field(default_factory=dict, compare=False, repr=False)
 
     def __bool__(self) -> bool:
         return any(d.shock > 0.0 for d in self.domains)

@@ -40,18 +40,55 @@ BoolArray = npt.NDArray[np.bool_]
 _ROWWISE_PATTERNS = 256
 
 
+class DomainTable:
+    """What a joint model takes from a pool's failure domains alone, whatever the
+    members' failure probabilities: the domains with a shock, who is in each, each
+    member's chance that none of its domains is hit, and (:meth:`patterns`) every shock
+    pattern. Kept on the :class:`Dependence` (:func:`domain_table`), so a view built
+    after a profile changed reuses them: a new view's model works out only what R⁻
+    changes (at 200 candidates and 9 domains 235 → 115 µs a model; at 6, 42 → 9 µs)."""
+
+    __slots__ = ("_patterns", "member", "shock", "survive")
+
+    def __init__(self, dep: Dependence, n: int) -> None:
+        shock = np.array([d.shock for d in dep.domains], dtype=np.float64)
+        keep = shock > 0.0
+        self.shock: FloatArray = shock[keep]
+        self.member: BoolArray = dep.membership(n)[keep]
+        self.survive: FloatArray = np.prod(
+            np.where(self.member, 1.0 - self.shock[:, None], 1.0), axis=0
+        )
+        self._patterns: tuple[FloatArray, BoolArray] | None = None
+
+    def patterns(self) -> tuple[FloatArray, BoolArray]:
+        """Each of the 2^k shock patterns' weight, and whether it hits each member (one
+        of the member's domains shocked). The caller keeps k small (``max_domains``)."""
+        if self._patterns is None:
+            k = self.shock.size
+            shocked = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(bool)
+            weight = np.where(shocked, self.shock, 1.0 - self.shock).prod(axis=1)
+            self._patterns = (weight, _hits(shocked, self.member))
+        return self._patterns
+
+
+def domain_table(dep: Dependence, n: int) -> DomainTable:
+    """``dep``'s :class:`DomainTable` for a pool of ``n``, worked out on first use."""
+    table = dep.derived.get(n)
+    if not isinstance(table, DomainTable):
+        table = DomainTable(dep, n)
+        dep.derived[n] = table  # one dict store: a racing thread's equal table is dropped
+    return table
+
+
 class JointModel:
     """P(all members of S fail) for any subset S of one pool."""
 
     def __init__(self, fail: FloatArray, dep: Dependence, max_domains: int) -> None:
-        n = fail.shape[0]
         self.fail = fail
-        self.shock = np.array([d.shock for d in dep.domains], dtype=np.float64)
-        self.member: BoolArray = dep.membership(n)
-        keep = self.shock > 0.0
-        self.shock, self.member = self.shock[keep], self.member[keep]
+        self._domains = domain_table(dep, fail.shape[0])
+        self.shock, self.member = self._domains.shock, self._domains.member
         self.max_domains = max_domains
-        survive = np.prod(np.where(self.member, 1.0 - self.shock[:, None], 1.0), axis=0)
+        survive = self._domains.survive
         with np.errstate(divide="ignore", invalid="ignore"):
             resid = np.where(survive > 0, 1.0 - (1.0 - fail) / survive, 1.0)
         self.residual: FloatArray = np.clip(resid, 0.0, 1.0)
@@ -80,9 +117,7 @@ class JointModel:
         if k == 0 or k > self.max_domains:
             return None
         if self._tab is None:
-            patterns = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(bool)
-            weight = np.where(patterns, self.shock, 1.0 - self.shock).prod(axis=1)
-            hit = (patterns.astype(np.int64) @ self.member.astype(np.int64)) > 0
+            weight, hit = self._domains.patterns()
             self._tab = (weight, np.where(hit, 1.0, self.residual))
         return self._tab
 
@@ -161,6 +196,13 @@ class JointMemo:
         return model
 
 
+def _hits(patterns: BoolArray, member: BoolArray) -> BoolArray:
+    """Whether each shock pattern hits each member (one of its domains shocked). The
+    counts are small integers, exact in floats, and a float product is BLAS's: at 512
+    patterns × 200 members 64 µs against an integer product's 670 µs."""
+    return np.asarray(patterns.astype(np.float64) @ member.astype(np.float64) > 0.0)
+
+
 def _enumerate(shock: FloatArray, member: BoolArray, resid: FloatArray, cap: int) -> float:
     if shock.size == 0:
         return float(np.prod(resid))
@@ -173,7 +215,7 @@ def _enumerate(shock: FloatArray, member: BoolArray, resid: FloatArray, cap: int
     k = shock.shape[0]
     patterns = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(bool)
     weight = np.where(patterns, shock, 1.0 - shock).prod(axis=1)
-    hit = (patterns.astype(np.int64) @ member.astype(np.int64)) > 0
+    hit = _hits(patterns, member)
     alone = np.where(hit, 1.0, resid).prod(axis=1)
     return float(weight @ alone)
 
