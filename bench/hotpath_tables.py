@@ -23,6 +23,10 @@ PLAN_PARTS = (
     ("choose", f"`Haco.choose` (the rule as a plan runs it: floats up to {SMALL_POOL} candidates)"),
     ("in_floats", "the rule in floats (`smallpool.in_floats`), at any size"),
     ("decide_with_domains", "`Haco.decide` with failure domains"),
+    (
+        "decide_with_domains_new_view",
+        "… on a view new since a profile changed (its fixed terms and joint model worked out)",
+    ),
     ("plan_read", "`Coordinator._plan`, reading the view (all of planning)"),
     ("plan", "`Coordinator._plan` on a view read < plan_view_fresh_s ago (no read)"),
 )

@@ -12,6 +12,7 @@ as it does once a recompute snapshot has them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,9 +25,10 @@ from bench.rtlib import Services
 from coordinator.config import HacoSettings
 from coordinator.core.cofailure import CoFailure, Member, PairStats, dependence, fold_groups
 from coordinator.core.evidence import PoolMember, build_view, link_id, payload_bytes
-from coordinator.core.methods import Haco
+from coordinator.core.methods import Haco, PoolView
 from coordinator.core.params import ProfileSettings
 from coordinator.core.percentiles import interpolated, median
+from coordinator.core.policy import FixedMemo
 from coordinator.core.profiles import CandidateObservation, LinkObservation
 from coordinator.core.smallpool import in_floats
 from coordinator.runtime.client import HacoClient
@@ -51,6 +53,7 @@ PARTS = (
     "choose",
     "in_floats",
     "decide_with_domains",
+    "decide_with_domains_new_view",
     "plan_read",
     "plan",
 )
@@ -120,6 +123,14 @@ def _timed(fn: Callable[[], object], iters: int) -> dict[str, float]:
     return {"median_us": median(out), "p99_us": interpolated(out, 99)[0], "n": len(out)}
 
 
+def renewed(view: PoolView) -> PoolView:
+    """``view`` as built anew: the same figures in new arrays, so nothing worked out for
+    the old arrays (policy's fixed terms and their joint models) serves it."""
+    s = view.stats
+    fresh = dataclasses.replace(s, alpha=s.alpha.copy(), fixed=FixedMemo())
+    return dataclasses.replace(view, stats=fresh)
+
+
 def _read_then_plan(coord: Any, inv: Any) -> object:
     coord.views.mark_stale(ROLE)  # as after a failure: the view is read
     return coord._plan(inv)
@@ -166,6 +177,9 @@ def plan_size(svc: Services, n: int, iters: int, rng: np.random.Generator) -> di
             "choose": lambda: rule.choose(view),
             "in_floats": lambda: in_floats(view.stats, call.params),
             "decide_with_domains": lambda: rule.decide(view_dep, rng),
+            # The first plan on a view built after a profile changed (the same snapshot's
+            # domains): the fixed terms and the joint model worked out for its arrays.
+            "decide_with_domains_new_view": lambda: rule.decide(renewed(view_dep), rng),
             # With the role's view read (a failure seen, or plan_view_fresh_s = 0), and
             # on the view read within plan_view_fresh_s (no read: runtime.viewing).
             "plan_read": lambda: _read_then_plan(coord, inv),
