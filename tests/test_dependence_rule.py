@@ -511,6 +511,45 @@ def test_a_shared_endpoint_across_zones_and_models_is_a_domain() -> None:
     assert shocks["request"].shock < 0.02
 
 
+def _shared_cause(pool: list[Member], hit: set[str], seed: int) -> CoFailure:
+    """3 000 groups of the whole pool: the members in ``hit`` fail together a quarter of
+    the time; everyone also fails alone 15% of the time."""
+    rng = np.random.default_rng(seed)
+    ev = CoFailure()
+    for g in range(3000):
+        down = rng.random() < 0.25
+        outcomes = []
+        for m in pool:
+            fail = (down and m.candidate_id in hit) or rng.random() < 0.15
+            outcomes.append((m.candidate_id, failure_score(not fail, None)))
+        ev = fold_group(ev, outcomes, float(g), SETTINGS)
+    return ev
+
+
+SITES = [Member(f"{z}{m}{k}", z, m) for z in ("a", "b") for m in ("x", "y") for k in (1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("hit", "domain", "members"),
+    [
+        ({"ax1", "ax2", "bx1", "bx2"}, "model:x", (0, 1, 4, 5)),  # a model's outage
+        ({"ay1", "ay2"}, "site:a/y", (2, 3)),  # one zone's copy of a model
+        ({"ax1", "by2"}, "pair:ax1|by2", (0, 7)),  # two that share nothing else
+    ],
+)
+def test_co_failure_is_attributed_to_what_the_members_share(
+    hit: set[str], domain: str, members: tuple[int, ...]
+) -> None:
+    prof = SETTINGS.model_copy(update={"cofail_pair_min_groups": 1000})
+    dep = dependence(SITES, _shared_cause(SITES, hit, 7), prof)
+    assert dep is not None
+    shocks = {d.name: d for d in dep.domains}
+    assert shocks[domain].members == members
+    assert shocks[domain].shock == pytest.approx(0.25, abs=0.07)
+    others = [d.shock for d in dep.domains if d.name != domain]
+    assert max(others) < 0.05
+
+
 def test_the_runtime_reads_a_candidates_endpoint_host() -> None:
     from coordinator.runtime.pool import endpoint_host
     from schemas.models import BackendSpec, Candidate

@@ -290,31 +290,50 @@ def _given(combined: float, *known: float) -> float:
     return max(0.0, 1.0 - (1.0 - combined) / rest) if rest > 0 else 0.0
 
 
-def _classify(a: Member, b: Member) -> str:
-    if a.zone == b.zone and a.model == b.model:
-        return f"site:{a.zone}/{a.model}"
-    if a.zone == b.zone:
-        return f"zone:{a.zone}"
-    if a.model == b.model:
-        return f"model:{a.model}"
-    if a.endpoint and a.endpoint == b.endpoint:
-        return f"endpoint:{a.endpoint}"
-    return "request"
+def _pair_classes(pool: Sequence[Member]) -> list[tuple[str, str, str, str]]:
+    """Each member's class names for the pairs it is in (site, zone, model, endpoint;
+    "" for an unknown endpoint): named once per member, not once per pair."""
+    return [
+        (
+            f"site:{m.zone}/{m.model}", f"zone:{m.zone}", f"model:{m.model}",
+            f"endpoint:{m.endpoint}" if m.endpoint else "",
+        )
+        for m in pool
+    ]  # fmt: skip
 
 
 def _collect(
     pool: Sequence[Member], evidence: CoFailure, settings: ProfileSettings
 ) -> tuple[dict[str, _Pool], list[tuple[int, int, PairStats]]]:
-    """The pool's observed pairs pooled by what they share, and the rich pairs."""
+    """The pool's observed pairs pooled by what they share (the site, else the zone,
+    else the model, else the endpoint, else only the request), and the rich pairs.
+    Pairs in pool order, so each class's sums add up in the same order every time."""
     classes: dict[str, _Pool] = {}
     rich: list[tuple[int, int, PairStats]] = []
+    names = _pair_classes(pool)
+    pairs, rich_n = evidence.pairs, settings.cofail_pair_min_groups
     for i, a in enumerate(pool):
+        a_id, a_zone, a_model, a_endpoint = a.candidate_id, a.zone, a.model, a.endpoint
+        site, zone, model, endpoint = names[i]
         for j in range(i + 1, len(pool)):
-            p = evidence.pair(a.candidate_id, pool[j].candidate_id)
+            b = pool[j]
+            b_id = b.candidate_id
+            p = pairs.get((a_id, b_id) if a_id <= b_id else (b_id, a_id))  # pair_key
             if p is None or p.n <= 0:
                 continue
-            classes.setdefault(_classify(a, pool[j]), _Pool()).add(p)
-            if p.n >= settings.cofail_pair_min_groups:
+            if a_zone == b.zone:
+                name = site if a_model == b.model else zone
+            elif a_model == b.model:
+                name = model
+            elif a_endpoint and a_endpoint == b.endpoint:
+                name = endpoint
+            else:
+                name = "request"
+            pooled = classes.get(name)
+            if pooled is None:
+                pooled = classes[name] = _Pool()
+            pooled.add(p)
+            if p.n >= rich_n:
                 rich.append((i, j, p))
     return classes, rich
 
@@ -345,17 +364,25 @@ def dependence(
         groups[("site", f"{z}/{m}")] = shock(f"site:{z}/{m}", c_req, zone_c[z], model_c[m])
     for e in {m.endpoint for m in pool if m.endpoint}:
         groups[("endpoint", e)] = shock(f"endpoint:{e}", c_req)
+    held = _held(pool)
     for (kind, value), c in sorted(groups.items()):
-        idx = tuple(i for i, m in enumerate(pool) if _label(kind, m) == value)
+        idx = held[(kind, value)]
         if c > 0.0 and len(idx) > 1:
             domains.append(Domain(f"{kind}:{value}", idx, c))
     domains.extend(_pair_domains(pool, rich, domains, prior, z_err))
     return Dependence(tuple(domains))
 
 
-def _label(kind: str, m: Member) -> str:
-    labels = {"zone": m.zone, "model": m.model, "endpoint": m.endpoint}
-    return labels.get(kind, f"{m.zone}/{m.model}")
+def _held(pool: Sequence[Member]) -> dict[tuple[str, str], tuple[int, ...]]:
+    """Who is in each zone, model, site (zone/model) and known endpoint, in pool order:
+    one pass over the pool rather than one per domain."""
+    held: dict[tuple[str, str], list[int]] = {}
+    for i, m in enumerate(pool):
+        for key in (("zone", m.zone), ("model", m.model), ("site", f"{m.zone}/{m.model}")):
+            held.setdefault(key, []).append(i)
+        if m.endpoint:
+            held.setdefault(("endpoint", m.endpoint), []).append(i)
+    return {key: tuple(idx) for key, idx in held.items()}
 
 
 def _pair_domains(
