@@ -284,6 +284,7 @@ def _greedy(
     ranked: npt.NDArray[np.intp], u_plus: FloatArray, model: JointModel, size: int
 ) -> npt.NDArray[np.intp]:
     """The greedy set of ``size`` members, in the order taken."""
+    survive = 1.0 - model.fail  # each candidate's own P(success)
     chosen = ranked[:1]
     left = ranked[1:]
     p_fail = model.p_all_fail(chosen)
@@ -293,7 +294,7 @@ def _greedy(
             p_with = each[left]
         else:
             p_with = np.array([model.p_all_fail(np.append(chosen, j)) for j in left])
-        i = _first_best(u_plus[left] * _rescue(p_fail, p_with, model.fail[left]))
+        i = _first_best(u_plus[left] * _rescue(p_fail, p_with, survive[left]))
         if i < 0:  # no score above -1 (past the cap merged bounds can rise): U⁺'s next
             i = 0
         else:
@@ -303,15 +304,14 @@ def _greedy(
     return chosen
 
 
-def _rescue(p_fail: float, p_with: FloatArray, fail: FloatArray) -> FloatArray:
-    """How much of each candidate's success survives the chosen members' failure:
-    P(it succeeds | they all failed) over its own P(success); 0 where undefined."""
-    survive = 1.0 - fail
-    if p_fail <= 0:
-        return np.zeros_like(p_with)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rescue = (p_fail - p_with) / (p_fail * survive)
-    return np.where(survive > 0, rescue, 0.0)
+def _rescue(p_fail: float, p_with: FloatArray, survive: FloatArray) -> FloatArray:
+    """How much of each candidate's success (``survive``) survives the chosen members'
+    failure: P(it succeeds | they all failed) over its own P(success); 0 where
+    undefined (divided only where defined: no warning to silence)."""
+    rescue = np.zeros_like(p_with)
+    if p_fail > 0:
+        np.divide(p_fail - p_with, p_fail * survive, out=rescue, where=survive > 0)
+    return rescue
 
 
 def _first_best(scores: FloatArray) -> int:

@@ -216,9 +216,9 @@ def allocate(
     t = _terms(stats, params)
     # Stable sort on -U⁺ keeps pool order among ties, so decisions are reproducible.
     order = np.argsort(-t.u_plus, kind="stable")
-    p_cum: FloatArray = np.subtract(1.0, np.cumprod(1.0 - t.r_minus[order]), dtype=np.float64)
     if params.use_dependence and dependence:
-        return _dependent(t, order, p_cum, dependence, params)
+        return _dependent(t, order, dependence, params)
+    p_cum: FloatArray = np.subtract(1.0, np.cumprod(1.0 - t.r_minus[order]), dtype=np.float64)
     # p_cum is non-decreasing, so the first index reaching τ is a binary search.
     first = int(np.searchsorted(p_cum, params.tau, side="left"))
     if first < p_cum.shape[0]:
@@ -234,9 +234,7 @@ def allocate(
     )  # fmt: skip
 
 
-def _dependent(
-    t: _Terms, order: IntArray, p_cum: FloatArray, dep: Dependence, params: PolicyParams
-) -> Allocation:
+def _dependent(t: _Terms, order: IntArray, dep: Dependence, params: PolicyParams) -> Allocation:
     model = t.joint.get(t.r_minus, dep, params.max_enumerated_domains)
     sel = select(order, model, t.u_plus, params.tau, params)
     members = sel.order[: sel.size]
