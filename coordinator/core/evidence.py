@@ -51,15 +51,16 @@ class PoolMember:
     endpoint: str = ""  # the serving host, another failure domain ("" = unknown)
 
 
-def _bandwidth(
-    link: LinkProfile, seen: dict[tuple[str, str], tuple[float, float] | None]
-) -> tuple[float, float] | None:
-    """The link's (bandwidth, jitter), once per link per decision (the pool's members
-    share a few links; a median and MAD of the window each is the costly part)."""
-    key = (link.src, link.dst)
-    if key not in seen:
-        seen[key] = link.bandwidth_estimate
-    return seen[key]
+# A link's terms in a view: loss rate, (bandwidth, jitter) or None, mean RTT or None.
+_LinkTerms = tuple[float, tuple[float, float] | None, float | None]
+
+
+def _link_terms(link: LinkProfile | None) -> _LinkTerms | None:
+    """A link's terms, worked out once per view (the pool's members share a few links;
+    the bandwidth's median and MAD over its window are the costly part)."""
+    if link is None:
+        return None
+    return link.loss_rate, link.bandwidth_estimate, link.rtt.mean
 
 
 def build_arrays(
@@ -70,52 +71,54 @@ def build_arrays(
     request_bytes: float,
     settings: ProfileSettings,
 ) -> CandidateArrays:
-    """Policy inputs for ``pool`` in pool order, from the current profiles."""
-    n = len(pool)
-    alpha = np.ones(n)
-    beta = np.ones(n)
-    f_int = np.zeros(n)
-    loss = np.zeros(n)
-    t_proc: list[float | None] = [None] * n
-    out_bytes = np.zeros(n)
-    bw: list[float | None] = [None] * n
-    jit: list[float | None] = [None] * n
-    rtt: list[float | None] = [None] * n
-    seen: dict[tuple[str, str], tuple[float, float] | None] = {}
-    for i, member in enumerate(pool):
+    """Policy inputs for ``pool`` in pool order, from the current profiles. Gathered in
+    lists, one array each at the end: a numpy element store costs about as much as the
+    rest of a member's row (at 200 candidates 0.58 → 0.3 ms a view)."""
+    alpha: list[float] = []
+    beta: list[float] = []
+    f_int: list[float] = []
+    out_bytes: list[float] = []
+    t_proc: list[float | None] = []
+    by_zone: dict[str, _LinkTerms | None] = {}
+    terms: list[_LinkTerms | None] = []
+    per_token = settings.bytes_per_token
+    for member in pool:
         prof = candidates.get(member.candidate_id)
-        if prof is not None:
-            alpha[i] = prof.alpha
-            beta[i] = prof.beta
-            f_int[i] = prof.f_int
-            t_proc[i] = prof.latency.mean
+        if prof is None:
+            alpha.append(1.0)
+            beta.append(1.0)
+            f_int.append(0.0)
+            t_proc.append(None)
+            out_bytes.append(0.0)
+        else:
+            alpha.append(prof.alpha)
+            beta.append(prof.beta)
+            f_int.append(prof.f_int)
+            t_proc.append(prof.latency.mean)
             mean_out = prof.tokens_out.mean
-            if mean_out is not None:
-                out_bytes[i] = mean_out * settings.bytes_per_token
-        link = links.get(link_id(caller_zone, member.zone))
-        if link is not None:
-            loss[i] = link.loss_rate
-            estimate = _bandwidth(link, seen)
-            if estimate is not None:
-                bw[i], jit[i] = estimate
-            rtt[i] = link.rtt.mean
-    known_t = [t for t in t_proc if t is not None]
-    t_default = median(known_t, settings.cold_t_proc_s)
-    known_bw = [b for b in bw if b is not None]
-    known_jit = [j for j in jit if j is not None]
-    bw_default = median(known_bw, math.inf)
-    jit_default = median(known_jit, 0.0)
+            out_bytes.append(0.0 if mean_out is None else mean_out * per_token)
+        zone = member.zone
+        if zone not in by_zone:
+            by_zone[zone] = _link_terms(links.get(link_id(caller_zone, zone)))
+        terms.append(by_zone[zone])
+    loss = [0.0 if t is None else t[0] for t in terms]
+    bw = [None if t is None or t[1] is None else t[1][0] for t in terms]
+    jit = [None if t is None or t[1] is None else t[1][1] for t in terms]
+    rtt = [None if t is None else t[2] for t in terms]
+    t_default = median([t for t in t_proc if t is not None], settings.cold_t_proc_s)
+    bw_default = median([b for b in bw if b is not None], math.inf)
+    jit_default = median([j for j in jit if j is not None], 0.0)
     rtt_default = median([r for r in rtt if r is not None], 0.0)
     return CandidateArrays(
-        alpha=alpha,
-        beta=beta,
-        f_int=f_int,
-        loss=loss,
-        t_proc_s=np.array([t_default if t is None else t for t in t_proc]),
-        bytes=out_bytes + float(request_bytes),
-        bandwidth_Bps=np.array([bw_default if b is None else b for b in bw]),
-        jitter_Bps=np.array([jit_default if j is None else j for j in jit]),
-        rtt_s=np.array([rtt_default if r is None else r for r in rtt]),
+        alpha=np.array(alpha, dtype=np.float64),
+        beta=np.array(beta, dtype=np.float64),
+        f_int=np.array(f_int, dtype=np.float64),
+        loss=np.array(loss, dtype=np.float64),
+        t_proc_s=np.array([t_default if t is None else t for t in t_proc], dtype=np.float64),
+        bytes=np.array(out_bytes, dtype=np.float64) + float(request_bytes),
+        bandwidth_Bps=np.array([bw_default if b is None else b for b in bw], dtype=np.float64),
+        jitter_Bps=np.array([jit_default if j is None else j for j in jit], dtype=np.float64),
+        rtt_s=np.array([rtt_default if r is None else r for r in rtt], dtype=np.float64),
     )
 
 
