@@ -35,8 +35,9 @@ BoolArray = npt.NDArray[np.bool_]
 
 # From this many shock patterns (2^8) the prefixes' products are taken member by member:
 # numpy's cumprod costs ~15 ns an element, a row's multiply ~1 µs plus ~1 ns an element
-# (at 512 patterns × 200 members 2.0 → 0.4 ms; even at 128 patterns). The products are
-# the same, in the same order, so every prefix's figure is the same to the bit.
+# (at 512 patterns × 200 members 2.0 → 0.4 ms; at 128 patterns the two are even). The
+# products are the same, in the same order, so every prefix's figure is the same to the
+# bit.
 _ROWWISE_PATTERNS = 256
 
 
