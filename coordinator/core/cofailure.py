@@ -87,10 +87,7 @@ class PairStats:
 class CoFailure:
     """Co-failure evidence of every candidate pair seen together in a group."""
 
-    pairs: Mapping[PairKey, PairStats] = field(default_factory=dict)
-
-    def pair(self, a: str, b: str) -> PairStats | None:
-        return self.pairs.get(pair_key(a, b))
+    pairs: Mapping[PairKey, PairStats] = field(default_factory=dict)  # by pair_key
 
 
 def pair_key(a: str, b: str) -> PairKey:
