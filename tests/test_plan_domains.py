@@ -1,0 +1,127 @@
+"""Plans with failure domains (issue 10's rule, issue 12's cost): a role's view carries
+the failure domains of the adopted snapshot's co-failure evidence, worked out once per
+snapshot; a plan on it decides with them, as the rule does on a view built afresh.
+
+Both stores: co-failure evidence set in memory, or published in a snapshot in Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import astuple
+
+import numpy as np
+import pytest
+import redis
+from runtime_helpers import ROLE, small_pool
+
+from coordinator.config import HacoSettings
+from coordinator.core.cofailure import CoFailure, Member, dependence, failure_score, fold_groups
+from coordinator.core.evidence import PoolMember, build_view
+from coordinator.core.joint import domain_table
+from coordinator.core.methods import Haco
+from coordinator.core.params import PolicyParams, ProfileSettings
+from coordinator.core.policy import allocate
+from coordinator.core.profiles import CandidateObservation
+from coordinator.runtime.pool import endpoint_host
+from coordinator.runtime.viewing import Views
+from coordinator.state import epochs
+from coordinator.state.memstore import MemoryStore
+from coordinator.state.store import RedisStore
+from schemas.enums import StopReason
+
+TTL_S = 60.0
+PROF = ProfileSettings()
+OBS = CandidateObservation(1.0, True, None, 0.9, 0.25, 10, 20)
+Publish = Callable[[CoFailure], None]
+
+
+def _evidence(together: float, seed: int) -> CoFailure:
+    """2 000 groups of c0, c1 and c2 (one site: the same zone and model): all three fail
+    together with probability ``together``, and each alone 10% of the time."""
+    rng = np.random.default_rng(seed)
+    groups = []
+    for g in range(2000):
+        down = rng.random() < together
+        outcomes = [
+            (f"c{i}", failure_score(not (down or rng.random() < 0.1), None)) for i in range(3)
+        ]
+        groups.append((outcomes, float(g)))
+    return fold_groups(CoFailure(), groups, PROF)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def setup(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[MemoryStore | RedisStore, Publish]]:
+    if request.param == "memory":
+        mem = MemoryStore()
+        yield mem, mem.set_cofailure
+        return
+    r: redis.Redis = request.getfixturevalue("redis_db")
+    store = RedisStore(r)
+    version = iter(range(1, 100))
+
+    def publish(ev: CoFailure) -> None:  # as a recompute adopts its snapshot
+        snap = epochs.Snapshot(next(version), epochs.seal(r, TTL_S), {}, {}, cofailure=ev)
+        assert epochs.publish(r, snap, TTL_S)
+
+    yield store, publish
+
+
+def test_plans_decide_with_the_snapshots_domains_worked_out_once_per_snapshot(
+    setup: tuple[MemoryStore | RedisStore, Publish],
+) -> None:
+    store, publish = setup
+
+    def warm() -> None:  # after a snapshot: Redis's profiles are then the snapshot's
+        for _ in range(100):
+            for i in range(3):
+                store.update_candidate(f"c{i}", OBS, PROF, TTL_S)
+
+    # Every view reads the profiles, and (its clock a refresh on each time) looks for a
+    # new snapshot.
+    settings = HacoSettings(plan_view_fresh_s=0.0)
+    now = [1_000.0]
+
+    def clock() -> float:
+        now[0] += settings.cofailure_refresh_s
+        return now[0]
+
+    pool = small_pool(3)
+    views = Views(pool, store, settings, PROF, clock=clock)
+    params = PolicyParams(tau=0.95)
+    rule = Haco(params)
+
+    def afresh(nbytes: float, ev: CoFailure) -> object:
+        """The decision on a view built from the store's profiles, nothing reused."""
+        cands = pool.candidates(ROLE)
+        members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
+        read = store.read_for_plan([c.id for c in cands], ["local->local"])
+        dep = dependence([Member(*astuple(m)) for m in members], ev, PROF)
+        view = build_view(members, "local", read.candidates, read.links, nbytes, PROF, dep)
+        return allocate(view.stats, params, dep).members.tolist()
+
+    publish(_evidence(0.3, 1))
+    warm()
+    _, first, _ = views.view(ROLE, 100.0, None, None)
+    _, second, _ = views.view(ROLE, 2500.0, None, None)
+    assert first.dependence is not None
+    assert {d.name for d in first.dependence.domains if d.shock > 0.1} == {"site:local/scripted"}
+    assert second.dependence is first.dependence  # the snapshot's, worked out once
+    assert domain_table(second.dependence, 3) is domain_table(first.dependence, 3)
+    correlated = rule.choose(first)
+    # Shared failures cap P_succ below τ, whatever the set: the whole pool is sent.
+    assert correlated.stop is StopReason.TARGET_UNREACHABLE
+    assert list(correlated.members) == afresh(100.0, store.load_cofailure() or CoFailure())
+    assert list(correlated.members) == [0, 1, 2]
+    assert list(rule.choose(second).members) == [0, 1, 2]
+
+    publish(_evidence(0.0, 2))  # the next snapshot: the members fail independently
+    warm()
+    _, third, _ = views.view(ROLE, 100.0, None, None)
+    assert third.dependence is not first.dependence
+    independent = rule.choose(third)
+    # Two members reach τ again (which two may follow the evidence's noise).
+    assert independent.stop is StopReason.TARGET_REACHED and len(independent.members) == 2
+    assert list(independent.members) == afresh(100.0, store.load_cofailure() or CoFailure())
