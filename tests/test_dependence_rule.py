@@ -24,7 +24,7 @@ from coordinator.core.cofailure import (
     fold_groups,
     merge,
 )
-from coordinator.core.joint import JointMemo, JointModel
+from coordinator.core.joint import JointModel, joint_model
 from coordinator.core.params import DecayUnit, PolicyParams, ProfileSettings
 from coordinator.core.policy import CandidateArrays, allocate
 from coordinator.core.profiles import decay_weight
@@ -152,18 +152,18 @@ def test_a_snapshots_domain_table_serves_every_model_of_its_pool() -> None:
     assert later.p_all_fail(members) != pytest.approx(first.p_all_fail(members))
 
 
-def test_the_memo_builds_a_pools_joint_model_once_per_snapshot_of_its_domains() -> None:
+def test_a_snapshot_keeps_the_joint_model_of_each_views_r_minus() -> None:
     r_minus = np.array([0.7, 0.6, 0.5])
     dep = Dependence((Domain("zone:a", (0, 1), 0.2),))
-    memo = JointMemo()
-    model = memo.get(r_minus, dep, 10)
-    assert memo.get(r_minus, dep, 10) is model
-    same = Dependence((Domain("zone:a", (0, 1), 0.2),))  # equal domains, another object
-    assert memo.get(r_minus, same, 10) is model
-    newer = Dependence((Domain("zone:a", (0, 1), 0.3),))  # the next snapshot's
-    assert memo.get(r_minus, newer, 10) is not model
-    assert memo.get(r_minus, dep, 10) is model  # the last two snapshots are kept
+    model = joint_model(dep, r_minus, 10)
+    assert joint_model(dep, r_minus, 10) is model  # the next plan on the same view
     assert model.fail.tolist() == pytest.approx([0.3, 0.4, 0.5])
+    newer = np.array([0.7, 0.6, 0.4])  # a view built after a profile changed
+    assert joint_model(dep, newer, 10) is not model
+    assert joint_model(dep, r_minus, 10) is model  # the last two are kept
+    assert joint_model(dep, r_minus, 1) is not model  # another cap, another model
+    other = Dependence((Domain("zone:a", (0, 1), 0.3),))  # the next snapshot's
+    assert joint_model(other, r_minus, 10) is not model
 
 
 # ---------------------------------------------------------------- the rule

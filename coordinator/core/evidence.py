@@ -51,16 +51,18 @@ class PoolMember:
     endpoint: str = ""  # the serving host, another failure domain ("" = unknown)
 
 
-# A link's terms in a view: loss rate, (bandwidth, jitter) or None, mean RTT or None.
-_LinkTerms = tuple[float, tuple[float, float] | None, float | None]
+# A link's terms in a view: loss rate, bandwidth, jitter and mean RTT (None: unknown).
+_LinkTerms = tuple[float, float | None, float | None, float | None]
+_NO_LINK: _LinkTerms = (0.0, None, None, None)
 
 
-def _link_terms(link: LinkProfile | None) -> _LinkTerms | None:
+def _link_terms(link: LinkProfile | None) -> _LinkTerms:
     """A link's terms, worked out once per view (the pool's members share a few links;
     the bandwidth's median and MAD over its window are the costly part)."""
     if link is None:
-        return None
-    return link.loss_rate, link.bandwidth_estimate, link.rtt.mean
+        return _NO_LINK
+    bw, jit = link.bandwidth_estimate or (None, None)
+    return link.loss_rate, bw, jit, link.rtt.mean
 
 
 def build_arrays(
@@ -79,8 +81,8 @@ def build_arrays(
     f_int: list[float] = []
     out_bytes: list[float] = []
     t_proc: list[float | None] = []
-    by_zone: dict[str, _LinkTerms | None] = {}
-    terms: list[_LinkTerms | None] = []
+    by_zone: dict[str, _LinkTerms] = {}
+    terms: list[_LinkTerms] = []
     per_token = settings.bytes_per_token
     for member in pool:
         prof = candidates.get(member.candidate_id)
@@ -101,10 +103,8 @@ def build_arrays(
         if zone not in by_zone:
             by_zone[zone] = _link_terms(links.get(link_id(caller_zone, zone)))
         terms.append(by_zone[zone])
-    loss = [0.0 if t is None else t[0] for t in terms]
-    bw = [None if t is None or t[1] is None else t[1][0] for t in terms]
-    jit = [None if t is None or t[1] is None else t[1][1] for t in terms]
-    rtt = [None if t is None else t[2] for t in terms]
+    loss = [t[0] for t in terms]
+    bw, jit, rtt = [t[1] for t in terms], [t[2] for t in terms], [t[3] for t in terms]
     t_default = median([t for t in t_proc if t is not None], settings.cold_t_proc_s)
     bw_default = median([b for b in bw if b is not None], math.inf)
     jit_default = median([j for j in jit if j is not None], 0.0)

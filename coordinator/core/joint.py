@@ -47,9 +47,13 @@ class DomainTable:
     member's chance that none of its domains is hit, and (:meth:`patterns`) every shock
     pattern. Kept on the :class:`Dependence` (:func:`domain_table`), so a view built
     after a profile changed reuses them: a new view's model works out only what R⁻
-    changes (at 200 candidates and 9 domains 235 → 115 µs a model; at 6, 42 → 9 µs)."""
+    changes (at 200 candidates and 9 domains 235 → 115 µs a model; at 6, 42 → 9 µs).
+    The last models themselves are kept too (:meth:`model`): the plans on one view
+    decide with the same R⁻, whatever their requests' sizes."""
 
-    __slots__ = ("_patterns", "member", "shock", "survive")
+    MODELS = 2  # R⁻ arrays: a view's, and another parameter set's or the last view's
+
+    __slots__ = ("_models", "_patterns", "member", "shock", "survive")
 
     def __init__(self, dep: Dependence, n: int) -> None:
         shock = np.array([d.shock for d in dep.domains], dtype=np.float64)
@@ -60,6 +64,19 @@ class DomainTable:
             np.where(self.member, 1.0 - self.shock[:, None], 1.0), axis=0
         )
         self._patterns: tuple[FloatArray, BoolArray] | None = None
+        self._models: tuple[tuple[FloatArray, int, JointModel], ...] = ()
+
+    def model(self, dep: Dependence, r_minus: FloatArray, max_domains: int) -> JointModel:
+        """The joint model of failure probabilities 1 − ``r_minus`` under ``dep`` (this
+        table's). R⁻ is matched by identity: policy's fixed terms hand the same array to
+        every plan on a view, and the entry holds it, so the identity stays its own."""
+        for r, cap, model in self._models:
+            if r is r_minus and cap == max_domains:
+                return model
+        model = JointModel(1.0 - r_minus, dep, max_domains)
+        # One assignment of a new tuple: a plan on another thread sees the old or the new.
+        self._models = ((r_minus, max_domains, model), *self._models[: self.MODELS - 1])
+        return model
 
     def patterns(self) -> tuple[FloatArray, BoolArray]:
         """Each of the 2^k shock patterns' weight, and whether it hits each member (one
@@ -70,6 +87,12 @@ class DomainTable:
             weight = np.where(shocked, self.shock, 1.0 - self.shock).prod(axis=1)
             self._patterns = (weight, _hits(shocked, self.member))
         return self._patterns
+
+
+def joint_model(dep: Dependence, r_minus: FloatArray, max_domains: int) -> JointModel:
+    """The pool's joint model under ``dep`` for R⁻ ``r_minus``, kept with ``dep``'s
+    domain table: a snapshot's plans on one view build it once, not once per call."""
+    return domain_table(dep, r_minus.shape[0]).model(dep, r_minus, max_domains)
 
 
 def domain_table(dep: Dependence, n: int) -> DomainTable:
@@ -171,32 +194,6 @@ class JointModel:
         return 1.0 - shared_all + shared_all * rest
 
 
-class JointMemo:
-    """The joint models of the last few dependence snapshots one pool's fixed terms were
-    decided with. A model (the membership, the residuals, the shock-pattern table of
-    2^k × n floats, k ≤ ``max_domains``) depends on R⁻ and the domains alone, not on the
-    request's size, so a view's plans build it once per snapshot rather than once per
-    call. Domains are matched by identity, then by value."""
-
-    SIZE = 2  # snapshots: the current one, and the last while a plan still holds it
-
-    __slots__ = ("_entries",)
-
-    def __init__(self) -> None:
-        self._entries: tuple[tuple[Dependence, JointModel], ...] = ()
-
-    def get(self, r_minus: FloatArray, dep: Dependence, max_domains: int) -> JointModel:
-        """The model of failure probabilities 1 − ``r_minus`` under ``dep``; the caller
-        keeps one memo per (R⁻, ``max_domains``), as policy's fixed terms do."""
-        for d, model in self._entries:
-            if d is dep or d == dep:
-                return model
-        model = JointModel(1.0 - r_minus, dep, max_domains)
-        # One assignment of a new tuple: a plan on another thread sees the old or the new.
-        self._entries = ((dep, model), *self._entries[: self.SIZE - 1])
-        return model
-
-
 def _hits(patterns: BoolArray, member: BoolArray) -> BoolArray:
     """Whether each shock pattern hits each member (one of its domains shocked). The
     counts are small integers, exact in floats, and a float product is BLAS's: at 512
@@ -239,8 +236,8 @@ def select(
     tau: float,
     params: PolicyParams,
 ) -> Selection:
-    """The dependence-aware stopping rule, on the pool's joint model (:class:`JointMemo`:
-    built once per snapshot of the domains, since it depends on R⁻ and the domains alone).
+    """The dependence-aware stopping rule, on the pool's joint model (:func:`joint_model`:
+    built once per view and snapshot, since it depends on R⁻ and the domains alone).
 
     - How many members: the shortest U⁺ prefix whose dependence-aware P_succ reaches τ.
       For a fixed prefix that figure only falls as co-failure grows, so more observed

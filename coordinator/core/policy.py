@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from coordinator.core.cofailure import Dependence
-from coordinator.core.joint import JointMemo, select
+from coordinator.core.joint import joint_model, select
 from coordinator.core.params import PolicyParams
 from coordinator.core.percentiles import median
 from coordinator.errors import PolicyError
@@ -39,8 +39,6 @@ class _Fixed:
     eff_bw: FloatArray
     u_num: FloatArray
     r_minus: FloatArray
-    # The joint failure model under each snapshot's failure domains (R⁻ is fixed here).
-    joint: JointMemo = field(default_factory=JointMemo, compare=False, repr=False)
 
 
 # What the fixed terms are computed from, compared by identity: the arrays are never
@@ -235,7 +233,7 @@ def allocate(
 
 
 def _dependent(t: _Terms, order: IntArray, dep: Dependence, params: PolicyParams) -> Allocation:
-    model = t.joint.get(t.r_minus, dep, params.max_enumerated_domains)
+    model = joint_model(dep, t.r_minus, params.max_enumerated_domains)
     sel = select(order, model, t.u_plus, params.tau, params)
     members = sel.order[: sel.size]
     p_indep = 1.0 - float(np.prod(1.0 - t.r_minus[members]))
@@ -256,7 +254,6 @@ class _Terms:
     D: FloatArray
     u_plus: FloatArray
     r_minus: FloatArray
-    joint: JointMemo  # the fixed terms' memo of joint models (R⁻'s)
 
 
 def _fixed_terms(stats: CandidateArrays, params: PolicyParams) -> _Fixed:
@@ -292,4 +289,4 @@ def _terms(stats: CandidateArrays, params: PolicyParams) -> _Terms:
         T = stats.t_proc_s.copy()
         C = np.zeros_like(f.mu)
         D = np.ones_like(f.mu)
-    return _Terms(f.mu, f.sigma, f.rho, T, C, D, f.u_num / D, f.r_minus, f.joint)
+    return _Terms(f.mu, f.sigma, f.rho, T, C, D, f.u_num / D, f.r_minus)
