@@ -15,7 +15,15 @@ from test_hotpath_report import DOC, RUNTIME, _block, _pct, _row, _write
 
 from bench.hotpath_goals import blocks_ratio_ci90, overhead_goals
 from bench.hotpath_report import main
-from bench.rtoverhead import _blocks, _overhead_s, bare_overhead_s, settle_group
+from bench.rtlib import Marks
+from bench.rtoverhead import (
+    SettlingStore,
+    _blocks,
+    _overhead_s,
+    bare_overhead_s,
+    settle_group,
+    still_to_report,
+)
 from coordinator.runtime.coordinator import WAKE
 from coordinator.runtime.liveness import started_token
 from coordinator.state import keys
@@ -170,3 +178,31 @@ def test_a_call_whose_loser_never_reports_is_counted_not_settled(redis_db: redis
     # Two others to wait for and one report: the bound ends the wait.
     assert not settle_group(redis_db, "g2", 2, timeout_s=0.05)
     assert not settle_group(redis_db, "g3", 1, timeout_s=0.0)  # no time left: no wait
+
+
+def test_the_reports_a_coordinator_pops_with_the_winners_are_not_waited_for(
+    redis_db: redis.Redis,
+) -> None:
+    store = SettlingStore(redis_db, Marks())
+    key = keys.group_replies("g4")
+    # Both members reported before the coordinator's pop: one batch takes both reports,
+    # past the start, close and wake tokens.
+    redis_db.lpush(key, started_token(1), closed_token(0), json.dumps({"trace": {}}))
+    redis_db.lpush(key, WAKE, json.dumps({"trace": {}}))
+    assert len(store.pop_replies("g4", 0.1, 16)) == 5
+    assert store.taken["g4"] == 2
+    assert still_to_report(2, store.taken["g4"]) == 0
+    assert settle_group(redis_db, "g4", 0, timeout_s=0.0)
+    # One report taken by a single pop, none by a pop that found only a token.
+    redis_db.lpush(keys.group_replies("g5"), started_token(0))
+    assert store.pop_reply("g5", 0.1) is not None
+    redis_db.lpush(keys.group_replies("g5"), json.dumps({"trace": {}}))
+    assert store.pop_reply("g5", 0.1) is not None
+    assert store.taken["g5"] == 1
+    assert still_to_report(2, store.taken["g5"]) == 1
+
+
+def test_a_call_still_waits_for_the_members_its_coordinator_did_not_hear() -> None:
+    assert still_to_report(3, 1) == 2
+    assert still_to_report(2, 0) == 1  # the winner's report, however the call heard it
+    assert still_to_report(1, 1) == 0
