@@ -184,6 +184,11 @@ def test_the_reports_a_coordinator_pops_with_the_winners_are_not_waited_for(
     redis_db: redis.Redis,
 ) -> None:
     store = SettlingStore(redis_db, Marks())
+    # Not counting (the calls measured for the goals): nothing parsed, nothing counted.
+    redis_db.lpush(keys.group_replies("g3"), json.dumps({"trace": {}}))
+    assert len(store.pop_replies("g3", 0.1, 16)) == 1
+    assert store.taken["g3"] == 0
+    store.counting = True
     key = keys.group_replies("g4")
     # Both members reported before the coordinator's pop: one batch takes both reports,
     # past the start, close and wake tokens.
