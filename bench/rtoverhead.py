@@ -118,7 +118,8 @@ def haco_calls(
     store = client.coordinator.store
     taken = Counter[str]()
     if isinstance(store, SettlingStore):
-        store.counting, taken = settle is not None, store.taken
+        store.counting = settle is not None
+        taken = store.taken
     for _ in range(n):
         t0 = time.time()
         res = client.invoke(role, "x", deadline_s=CALL_DEADLINE_S, **opts)
