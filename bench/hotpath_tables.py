@@ -178,6 +178,16 @@ def planning_section(plan: Json | None) -> list[str]:
             *(num(c["dependence_once_us"], 0) for c in cases),
         ]
     )
+    if any("evidence_decode_once_us" in c for c in cases):
+        rows.append(
+            [
+                "the snapshot's co-failure evidence decoded, once per snapshot (pairs)",
+                *(
+                    f"{num(c.get('evidence_decode_once_us'), 0)} ({c.get('evidence_pairs', '—')})"
+                    for c in cases
+                ),
+            ]
+        )
     rows.append(
         [
             "hedge size (with domains)",

@@ -17,6 +17,7 @@ from bench.hotpath_goals import (
     throughput_goals,
 )
 from bench.hotpath_report import BEGIN, END, INPUTS, main
+from bench.hotpath_tables import planning_section
 from bench.rttail import p99_interval, same_draws
 
 DOC = """# Benchmarks
@@ -483,3 +484,15 @@ def test_two_members_settled_are_shown_beside_the_goal_with_what_did_not_settle(
     row = _row(_block(doc.read_text(encoding="utf-8")), "… the 2 members, each call waiting")
     assert "(3 calls not settled in time)" in row
     assert "1.00× · 1.30× of bare Celery's 2 tasks" in row  # like for like: both wait
+
+
+def test_the_planning_table_shows_the_evidence_decoded_only_when_measured() -> None:
+    cases = [_plan_case(6), _plan_case(200)]
+    older = "\n".join(planning_section({"cases": cases}))
+    assert "failure domains worked out, once per snapshot | 30 | 1 000 |" in older
+    assert "evidence decoded" not in older  # a run before the row existed
+    for c, us, pairs in zip(cases, (2.4, 4012.6), (3, 6567), strict=True):
+        c |= {"evidence_decode_once_us": us, "evidence_pairs": pairs}
+    text = "\n".join(planning_section({"cases": cases}))
+    row = "the snapshot's co-failure evidence decoded, once per snapshot (pairs) |"
+    assert f"{row} 2 (3) | 4 013 (6567) |" in text
