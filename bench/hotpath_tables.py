@@ -183,7 +183,8 @@ def planning_section(plan: Json | None) -> list[str]:
             [
                 "the snapshot's co-failure evidence decoded, once per snapshot (pairs)",
                 *(
-                    f"{num(c.get('evidence_decode_once_us'), 0)} ({c.get('evidence_pairs', '—')})"
+                    f"{num(c.get('evidence_decode_once_us'), 0)} "
+                    f"({num(c.get('evidence_pairs'), 0)})"
                     for c in cases
                 ),
             ]

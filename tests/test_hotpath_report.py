@@ -495,4 +495,4 @@ def test_the_planning_table_shows_the_evidence_decoded_only_when_measured() -> N
         c |= {"evidence_decode_once_us": us, "evidence_pairs": pairs}
     text = "\n".join(planning_section({"cases": cases}))
     row = "the snapshot's co-failure evidence decoded, once per snapshot (pairs) |"
-    assert f"{row} 2 (3) | 4 013 (6567) |" in text
+    assert f"{row} 2 (3) | 4 013 (6 567) |" in text
