@@ -6,15 +6,15 @@ of a pool of 6, 24 or 200 candidates across three zones, 20 groups each.
 
     python -m bench.evidence_codec [--sizes 6,24,200] [--n 30]
 
-Prints JSON (µs, median and p99 over ``--n`` calls per part) and a table. Pure: no
-services; run it on two commits (``PYTHONPATH=<worktree>``) to compare them.
+Prints JSON (µs, median and p99 over ``--n`` warm calls per part, timed as
+bench/rtplan.py times its parts) and a table. Pure: no services; run it on two commits
+(``PYTHONPATH=<worktree>``) to compare them.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,23 +22,12 @@ import numpy as np
 from rich.table import Table
 
 from bench.console import emit
-from bench.rtplan import SIZES, plan_pool, zone_cofailure
+from bench.rtplan import SIZES, plan_pool, timed, zone_cofailure
 from coordinator.core import cofailure
 from coordinator.core.cofailure import Member, dependence
 from coordinator.core.params import ProfileSettings
-from coordinator.core.percentiles import interpolated, median
 
 PARTS = ("decode", "encode", "dependence")
-
-
-def _timed(fn: Callable[[], object], n: int) -> dict[str, float]:
-    fn()  # warm
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        out.append((time.perf_counter_ns() - t0) / 1000.0)
-    return {"median_us": median(out), "p99_us": interpolated(out, 99)[0], "n": n}
 
 
 def case(size: int, n: int, seed: int = 0) -> dict[str, Any]:
@@ -53,7 +42,7 @@ def case(size: int, n: int, seed: int = 0) -> dict[str, Any]:
         "encode": lambda: cofailure.encode(evidence),
         "dependence": lambda: dependence(members, evidence, ps),
     }
-    times = {name: _timed(fn, n) for name, fn in parts.items()}
+    times = {name: timed(fn, n) for name, fn in parts.items()}
     return {"candidates": size, "pairs": len(evidence.pairs), "bytes": len(text), "times": times}
 
 

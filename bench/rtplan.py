@@ -45,6 +45,7 @@ OBSERVATIONS = 8  # per candidate and per link: enough for every statistic to be
 # Bounds each part, so that a slow one (or an --n of many calls) cannot run on for long:
 # the slowest part, the uncached profile read at 200 candidates, takes ~3 ms a call.
 PART_BUDGET_S = 15.0
+ONCE = 5  # calls timed of a once-per-snapshot step (its median is given)
 PARTS = (
     "profiles",
     "profiles_uncached",
@@ -111,7 +112,7 @@ def zone_cofailure(cands: Sequence[Candidate], rng: np.random.Generator) -> CoFa
     return CoFailure(pairs)
 
 
-def _timed(fn: Callable[[], object], iters: int) -> dict[str, float]:
+def timed(fn: Callable[[], object], iters: int) -> dict[str, float]:
     """Per-call µs of ``iters`` calls, or of as many as fit in PART_BUDGET_S."""
     for _ in range(min(20, iters)):
         fn()  # warm caches and the Lua script's SHA
@@ -122,16 +123,6 @@ def _timed(fn: Callable[[], object], iters: int) -> dict[str, float]:
         fn()
         out.append((time.perf_counter_ns() - t0) / 1000.0)
     return {"median_us": median(out), "p99_us": interpolated(out, 99)[0], "n": len(out)}
-
-
-def _once_us(fn: Callable[[], object], tries: int = 5) -> float:
-    """µs of a once-per-snapshot step: the median of ``tries`` runs."""
-    out = []
-    for _ in range(tries):
-        t0 = time.perf_counter_ns()
-        fn()
-        out.append((time.perf_counter_ns() - t0) / 1000.0)
-    return median(out)
 
 
 def renewed(view: PoolView) -> PoolView:
@@ -170,9 +161,9 @@ def plan_size(svc: Services, n: int, iters: int, rng: np.random.Generator) -> di
         # Once per snapshot, by the plan that first finds it (runtime.viewing): the
         # evidence decoded, the pool's domains worked out (DependenceMemo).
         dep = dependence(domains, evidence, ps)
-        dep_us = _once_us(lambda: dependence(domains, evidence, ps))
+        dep_us = timed(lambda: dependence(domains, evidence, ps), ONCE)["median_us"]
         encoded = cofailure.encode(evidence)
-        decode_us = _once_us(lambda: cofailure.decode(encoded))
+        decode_us = timed(lambda: cofailure.decode(encoded), ONCE)["median_us"]
         view_dep = build_view(members, caller, profiles, links, nbytes, ps, dep)
         # The plan's own read (one script; profiles unchanged since the last read are
         # neither sent nor decoded) when the store has it, and every profile read and
@@ -199,7 +190,7 @@ def plan_size(svc: Services, n: int, iters: int, rng: np.random.Generator) -> di
             "plan_read": lambda: _read_then_plan(coord, inv),
             "plan": lambda: coord._plan(inv),
         }
-        times = {name: _timed(fn, iters) for name, fn in parts.items()}
+        times = {name: timed(fn, iters) for name, fn in parts.items()}
         decision = rule.decide(view, rng)
         with_dep = rule.decide(view_dep, rng)
     finally:

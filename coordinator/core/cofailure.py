@@ -186,7 +186,7 @@ def decode(text: str | bytes) -> CoFailure:
         raise InputError(f"co-failure evidence is not the encoded form: {exc}") from exc
     new = tuple.__new__  # PairStats(...) without its __new__'s keyword handling
     pairs = {
-        ((a, b) if a <= b else (b, a)): new(PairStats, (n, sa, sb, sab, obs, last))
+        ((a, b) if a <= b else (b, a)): new(PairStats, (n, sa, sb, sab, obs, last))  # pair_key
         for a, b, n, sa, sb, sab, obs, last in rows
     }
     return CoFailure(pairs)
