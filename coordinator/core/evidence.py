@@ -165,6 +165,11 @@ def for_request(base: PoolView, request_bytes: float) -> PoolView:
     )  # fmt: skip
 
 
+def domain_members(pool: Sequence[PoolMember]) -> list[Member]:
+    """A pool's members as the failure domains name them (coordinator.core.cofailure)."""
+    return [Member(m.candidate_id, m.zone, m.model, m.endpoint) for m in pool]
+
+
 class DependenceMemo:
     """The failure domains of each pool (coordinator.core.cofailure.dependence), worked
     out again only when the co-failure evidence is another object: the runtime's changes
@@ -181,7 +186,6 @@ class DependenceMemo:
         hit = self._memo.get(key)
         if hit is not None and hit[0] is evidence:
             return hit[1]
-        members = [Member(m.candidate_id, m.zone, m.model, m.endpoint) for m in pool]
-        dep = dependence(members, evidence, self.settings)
+        dep = dependence(domain_members(pool), evidence, self.settings)
         self._memo[key] = (evidence, dep)
         return dep
