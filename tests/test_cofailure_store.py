@@ -16,7 +16,8 @@ import redis
 from psycopg_pool import ConnectionPool
 from test_recompute import drain, hsettings, make_trace, record
 
-from coordinator.core.cofailure import CoFailure, failure_score, fold_groups
+from coordinator.core import domains
+from coordinator.core.cofailure import CoFailure, Member, dependence, failure_score, fold_groups
 from coordinator.core.observations import NOT_OBSERVED, succeeded
 from coordinator.core.params import DecayUnit, ProfileSettings
 from coordinator.errors import DatabaseError, InputError
@@ -108,6 +109,33 @@ def test_the_recompute_publishes_the_folded_co_failure_evidence(
         )
     # A second read with the same snapshot version is the cached value.
     assert store.load_cofailure() is got
+    assert store.load_domains() == {}  # no pool named: no failure domains published
+
+
+def test_the_recompute_publishes_the_failure_domains_of_the_pools_it_is_given(
+    r: redis.Redis, pool: ConnectionPool, db: str
+) -> None:
+    cfg, now = ProfileSettings(), time.time()
+    store = RedisStore(r, cfg)
+    assert store.load_domains() == {}  # no snapshot yet
+    for group in groups_of_traces(300, 5, now):
+        for t in group:
+            record(store, t, cfg)
+    drain(Harvester(r, pool, hsettings(), "h"))
+    pools = [
+        [Member(c, f"z{i % 2}", "m") for i, c in enumerate(CANDS)],
+        [Member(c, "z", f"m{i}", "api") for i, c in enumerate(CANDS[::-1])],
+        [Member("nobody", "z", "m")],
+    ]
+    with connect(db) as conn:
+        assert recompute(r, conn, hsettings(), cfg, pools=pools).adopted
+    evidence = store.load_cofailure()
+    assert evidence is not None and evidence.pairs
+    got = store.load_domains()
+    assert got == {domains.pool_key(p, cfg): dependence(p, evidence, cfg) for p in pools}
+    assert got[domains.pool_key(pools[0], cfg)] is not None
+    assert got[domains.pool_key(pools[2], cfg)] is None  # never seen together: the paper's
+    assert store.load_domains() is got  # the same snapshot: read once
 
 
 @pytest.mark.parametrize(
@@ -158,6 +186,11 @@ def test_the_memory_store_hands_back_what_was_set() -> None:
     ev = fold_groups(CoFailure(), [([("a", 1.0), ("b", 0.0)], 1.0)], ProfileSettings())
     store.set_cofailure(ev)
     assert store.load_cofailure() is ev
+    assert store.load_domains() == {}
+    pools = [[Member("c0", "z", "m"), Member("c1", "z", "m")]]
+    published = domains.work_out(pools, ev, ProfileSettings())
+    store.set_domains(published)
+    assert store.load_domains() is published
 
 
 def test_a_failed_co_failure_read_fails_the_recompute_which_the_next_one_resumes(

@@ -32,6 +32,7 @@ from typer.testing import CliRunner
 from coordinator.cli import profiles as cli_profiles
 from coordinator.cli.main import app
 from coordinator.config import HacoSettings
+from coordinator.core import domains
 from coordinator.core.evidence import link_id
 from coordinator.core.observations import (
     CALL_SUCCEEDED,
@@ -52,7 +53,7 @@ from coordinator.core.profiles import (
     update_link,
 )
 from coordinator.errors import InputError, StoreError
-from coordinator.runtime.pool import default_pool
+from coordinator.runtime.pool import Pool, default_pool, domain_pools, pool_from_settings
 from coordinator.state import epochs, keys
 from coordinator.state.memberops import MemberOutcome, OutcomeLimits
 from coordinator.state.memstore import MemoryStore
@@ -658,9 +659,16 @@ def test_the_recompute_task_runs_one_recompute(
         conf=SimpleNamespace(beat_schedule=None),
         task=lambda **opts: lambda fn: tasks.setdefault(opts["name"], fn),
     )
-    register_maintenance(fake, HacoSettings(database_url=db), redis_url)
+    settings = HacoSettings(database_url=db)
+    register_maintenance(fake, settings, redis_url)
     tasks[RECOMPUTE_TASK]()
-    assert epochs.snapshot_meta(r) is not None
+    meta = epochs.snapshot_meta(r)
+    assert meta is not None
+    # The failure domains of each role of the worker's pool config, published with it.
+    pools = domain_pools(Pool(pool_from_settings(settings)))
+    _, published = epochs.read_domains(r)
+    assert pools and meta["domain_pools"] == len(pools)
+    assert set(published) == {domains.pool_key(p, ProfileSettings()) for p in pools}
 
 
 def test_the_retention_task_keeps_partitions_ahead(db: str, redis_url: str) -> None:

@@ -21,7 +21,9 @@ from typing import Any
 import redis
 
 from coordinator.config import HacoSettings
+from coordinator.core.cofailure import Member
 from coordinator.errors import HacoError
+from coordinator.runtime.pool import Pool, domain_pools, pool_from_settings
 from coordinator.services import embedded_pg
 from coordinator.state.keys import MAINTENANCE_QUEUE, RECOMPUTE_TASK, RETENTION_TASK
 from coordinator.tracestore.db import connect
@@ -39,9 +41,11 @@ def register_maintenance(app: Any, settings: HacoSettings, app_redis_url: str) -
     application database (keys.APP_DB), not the broker's."""
 
     def recompute() -> None:
+        pools = _domain_pools(settings)
         client = redis.Redis.from_url(app_redis_url)
         try:
-            result = recompute_once(client, embedded_pg.trace_store_url(settings), settings)
+            url = embedded_pg.trace_store_url(settings)
+            result = recompute_once(client, url, settings, pools=pools)
         except HacoError as exc:  # logged, not retried: the next beat tick tries again
             log.error("profile recompute failed: %s", exc)
             return
@@ -60,6 +64,17 @@ def register_maintenance(app: Any, settings: HacoSettings, app_redis_url: str) -
     }
     _register_retention(app, settings, schedule)
     app.conf.beat_schedule = schedule
+
+
+def _domain_pools(settings: HacoSettings) -> list[list[Member]]:
+    """The pools whose failure domains the snapshot publishes: each role of this
+    worker's pool config (read at each recompute, as the coordinators read theirs at
+    start). One that does not load publishes none: the coordinators work theirs out."""
+    try:
+        return domain_pools(Pool(pool_from_settings(settings)))
+    except HacoError as exc:
+        log.warning("failure domains not published: %s", exc)
+        return []
 
 
 def _register_retention(app: Any, settings: HacoSettings, schedule: dict[str, Any]) -> None:

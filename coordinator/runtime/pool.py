@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -9,6 +10,8 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from coordinator.config import HacoSettings
+from coordinator.core.cofailure import Member
+from coordinator.core.evidence import PoolMember, domain_members
 from coordinator.core.params import PolicyParams
 from coordinator.errors import (
     ConfigError,
@@ -178,6 +181,17 @@ def endpoint_host(candidate: Candidate) -> str:
     failure domain shared by every candidate behind it; "" when it has none (simulated)."""
     url = candidate.backend.settings.get("base_url") or candidate.backend.settings.get("endpoint")
     return (urlsplit(str(url)).hostname or "") if url else ""
+
+
+def policy_members(cands: Sequence[Candidate]) -> list[PoolMember]:
+    """A role's candidates as the policy sees them (their failure domains named)."""
+    return [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
+
+
+def domain_pools(pool: Pool) -> list[list[Member]]:
+    """Each role's whole pool as the failure domains name it, in the order a coordinator
+    plans it: the pools whose domains the recompute publishes (coordinator.core.domains)."""
+    return [domain_members(policy_members(cands)) for cands in pool.by_role.values()]
 
 
 def with_sim(cand: Candidate, sim: SimSection | None) -> Candidate:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from coordinator.core.cofailure import CoFailure
+from coordinator.core.cofailure import CoFailure, Dependence
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -74,6 +74,7 @@ class RuntimeStore(Protocol):
         ...
 
     def load_cofailure(self) -> CoFailure | None: ...
+    def load_domains(self) -> Mapping[str, Dependence | None]: ...
     def update_candidate(
         self, candidate_id: str, obs: CandidateObservation, settings: ProfileSettings, ttl_s: float
     ) -> None: ...

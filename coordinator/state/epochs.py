@@ -36,8 +36,9 @@ from typing import Any
 
 import redis
 
-from coordinator.core import cofailure
-from coordinator.core.cofailure import CoFailure
+from coordinator.core import cofailure, domains
+from coordinator.core.cofailure import CoFailure, Dependence
+from coordinator.core.domains import Published
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profile_merge import merge_candidate, merge_link
 from coordinator.core.profiles import CandidateProfile, LinkProfile
@@ -90,6 +91,8 @@ class Snapshot:
     links: Mapping[str, LinkProfile]
     meta: dict[str, Any] = field(default_factory=dict)
     cofailure: CoFailure | None = None  # co-failure evidence of the same cut
+    # The failure domains of each pool the recompute knows, from that evidence.
+    domains: Published | None = None
 
 
 def write_delta(r: redis.Redis, w: DeltaWrite, ttl_s: float) -> None:
@@ -236,6 +239,8 @@ def publish(r: redis.Redis, snap: Snapshot, ttl_s: float) -> bool:
     mapping.update({f"l:{lk}": encode(p) for lk, p in snap.links.items()})
     if snap.cofailure is not None:
         mapping[COFAILURE_FIELD] = cofailure.encode(snap.cofailure)
+    if snap.domains is not None:
+        mapping[DOMAINS_FIELD] = domains.encode(snap.domains)
     stale = outdated_deltas(r, snap.seal.epoch)
     adopted = True
 
@@ -261,6 +266,7 @@ def publish(r: redis.Redis, snap: Snapshot, ttl_s: float) -> bool:
 
 
 COFAILURE_FIELD = "cofailure"  # the snapshot hash's field holding the co-failure JSON
+DOMAINS_FIELD = "domains"  # ... and the one holding the pools' failure domains
 
 
 def read_cofailure(r: redis.Redis) -> tuple[str | None, CoFailure | None]:
@@ -269,6 +275,14 @@ def read_cofailure(r: redis.Redis) -> tuple[str | None, CoFailure | None]:
     version, raw = r.hmget(keys.PROFILE_SNAPSHOT, ["version", COFAILURE_FIELD])
     ver = version.decode() if isinstance(version, bytes) else version
     return ver, None if raw is None else cofailure.decode(raw)
+
+
+def read_domains(r: redis.Redis) -> tuple[str | None, dict[str, Dependence | None]]:
+    """The adopted snapshot's version and the failure domains it publishes, by pool key
+    (coordinator.core.domains; none: no snapshot, or one without them)."""
+    version, raw = r.hmget(keys.PROFILE_SNAPSHOT, ["version", DOMAINS_FIELD])
+    ver = version.decode() if isinstance(version, bytes) else version
+    return ver, {} if raw is None else domains.decode(raw)
 
 
 def cofailure_version(r: redis.Redis) -> str | None:

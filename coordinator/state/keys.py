@@ -177,8 +177,10 @@ PROFILE_SNAPSHOT = f"{PREFIX}:prof:snapshot"
 (it covers every delta of epochs <= this), ``watermark`` (the last trace-stream id it
 covers), ``meta`` (JSON: created_at, half_life, window_s, counts), ``c:<candidate id>`` and
 ``l:<link id>`` (JSON profiles), ``cofailure`` (JSON co-failure evidence of the same cut,
-coordinator.core.cofailure.encode). Replaced as a whole in one MULTI, so readers see the old
-snapshot or the new one, never a mix. TTL: profile_ttl_s, refreshed by every recompute."""
+coordinator.core.cofailure.encode), ``domains`` (JSON failure domains of each pool the
+recompute knows, from that evidence, by pool key: coordinator.core.domains). Replaced as
+a whole in one MULTI, so readers see the old snapshot or the new one, never a mix. TTL:
+profile_ttl_s, refreshed by every recompute."""
 
 PROFILE_VERSIONS = f"{PREFIX}:prof:ver"
 """Hash: a counter per profile (fields ``c:<candidate id>``, ``l:<link id>``) bumped by

@@ -9,7 +9,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 
-from coordinator.core.cofailure import CoFailure
+from coordinator.core.cofailure import CoFailure, Dependence
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -46,6 +46,7 @@ class MemoryStore:
         self.candidates: dict[str, CandidateProfile] = {}
         self.links: dict[str, LinkProfile] = {}
         self.cofailure: CoFailure | None = None
+        self.domains: Mapping[str, Dependence | None] = {}
         self.traces: list[str] = []
         self.verdicts: list[str] = []
         self.counters: dict[str, int] = {}
@@ -187,6 +188,16 @@ class MemoryStore:
     def set_cofailure(self, evidence: CoFailure | None) -> None:
         with self._lock:
             self.cofailure = evidence
+
+    def load_domains(self) -> Mapping[str, Dependence | None]:
+        """The failure domains set with :meth:`set_domains`, by pool key (the Redis
+        store's come with the recompute's snapshot)."""
+        with self._lock:
+            return self.domains
+
+    def set_domains(self, published: Mapping[str, Dependence | None]) -> None:
+        with self._lock:
+            self.domains = published
 
     def load_profiles(
         self, candidate_ids: Sequence[str], link_ids: Sequence[str]

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from coordinator.core.cofailure import CoFailure
+from coordinator.core.cofailure import CoFailure, Dependence
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -46,6 +46,7 @@ from coordinator.state.epochs import (
     ProfileView,
     cofailure_version,
     read_cofailure,
+    read_domains,
     read_view,
     write_delta,
 )
@@ -117,6 +118,7 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
         self._key_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
         self._cofailure: tuple[str | None, CoFailure | None] = (None, None)
+        self._domains: tuple[str | None, dict[str, Dependence | None]] = (None, {})
 
     def _key_lock(self, write: DeltaWrite) -> threading.Lock:
         name = write.candidate[0] if write.candidate else write.link[0] if write.link else ""
@@ -238,6 +240,20 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
             return self._cofailure[1]
 
         return self._guard("load co-failure evidence", read)
+
+    def load_domains(self) -> Mapping[str, Dependence | None]:
+        """The failure domains the adopted snapshot publishes, by pool key
+        (coordinator.core.domains); read again only when the snapshot's version changed."""
+
+        def read() -> Mapping[str, Dependence | None]:
+            version = cofailure_version(self.r)
+            if version is None:
+                self._domains = (None, {})
+            elif version != self._domains[0]:
+                self._domains = read_domains(self.r)
+            return self._domains[1]
+
+        return self._guard("load published failure domains", read)
 
     def load_profiles(
         self, candidate_ids: Sequence[str], link_ids: Sequence[str]

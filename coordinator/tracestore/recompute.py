@@ -21,7 +21,9 @@ One recompute (:func:`recompute`), serialised by a Postgres advisory lock:
    The co-failure evidence of the same cut (coordinator.tracestore.cofailuresql) comes
    with it, read at the same time on a second connection when the caller gives one
    (`recompute_once` does): each read is one Postgres backend and the other's Python
-   work waits on the network or in numpy, so the two overlap.
+   work waits on the network or in numpy, so the two overlap. From that evidence, the
+   failure domains of each pool the caller names (coordinator.core.domains): worked out
+   here, once, instead of in every coordinator on a caller's path.
 4. **Publish**: insert into ``profile_snapshots`` (``version`` is its bigserial), then in
    one Redis ``MULTI`` replace the snapshot (epoch ``e``, watermark ``W``) and delete the
    deltas of epochs ``<= e`` (:func:`coordinator.state.epochs.publish`). Readers merge the
@@ -53,7 +55,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -63,8 +65,8 @@ import psycopg
 import redis
 
 from coordinator.config import HacoSettings
-from coordinator.core import cofailure
-from coordinator.core.cofailure import CoFailure
+from coordinator.core import cofailure, domains
+from coordinator.core.cofailure import CoFailure, Member
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import CandidateProfile, LinkProfile
 from coordinator.errors import DatabaseError, StoreError
@@ -149,12 +151,14 @@ def recompute(
     settings: HacoSettings,
     profile: ProfileSettings | None = None,
     cofailure_conn: Conn | None = None,
+    pools: Sequence[Sequence[Member]] = (),
 ) -> RecomputeResult:
     """One recompute (module docstring). ``conn``: an autocommit connection to the trace
     store; ``cofailure_conn``: another, on which the co-failure evidence is read while
     ``conn`` reads the profiles (without it, one after the other on ``conn``); ``r``: the
-    application database. Raises StoreError (the harvester is behind, Redis failed) or
-    DatabaseError."""
+    application database; ``pools``: the pools whose failure domains the snapshot
+    publishes (coordinator.core.domains; each role of the caller's pool config). Raises
+    StoreError (the harvester is behind, Redis failed) or DatabaseError."""
     profile = profile or ProfileSettings()
     require_autocommit(conn, "recompute")
     if cofailure_conn is not None:
@@ -164,7 +168,7 @@ def recompute(
         if not (got and got[0]):
             return RecomputeResult(None, -1, "", 0, 0, False, False, 0.0, 0.0, 0.0, 0.0)
         try:
-            return _locked(r, conn, cofailure_conn, settings, profile)
+            return _locked(r, conn, cofailure_conn, settings, profile, pools)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", [RECOMPUTE_LOCK])
     except psycopg.Error as exc:
@@ -189,7 +193,7 @@ def _read(
 
 def _locked(
     r: redis.Redis, conn: Conn, other: Conn | None, settings: HacoSettings,
-    profile: ProfileSettings,
+    profile: ProfileSettings, pools: Sequence[Sequence[Member]],
 ) -> RecomputeResult:  # fmt: skip
     t0 = time.perf_counter()
     seal = epochs.seal(r, settings.profile_ttl_s)
@@ -200,15 +204,18 @@ def _locked(
     since = datetime.fromtimestamp(seal.sealed_ms / 1000 - settings.recompute_window_s, UTC)
     snap, cofail = _read(conn, other, seal, since, sealed_at, profile)
     version, created = _insert(conn, seal, snap, settings, profile, cofail)
+    published = domains.work_out(pools, cofail, profile)  # 5.5 ms for a pool of 200
     t3 = time.perf_counter()
     meta = {
         "created_at": created.isoformat(), "half_life": str(profile.half_life),
         "decay_unit": profile.decay_unit.value, "window_s": settings.recompute_window_s,
         "candidates": len(snap[0]), "links": len(snap[1]), "sealed_ms": seal.sealed_ms,
-        "cofailure_pairs": len(cofail.pairs),
+        "cofailure_pairs": len(cofail.pairs), "domain_pools": len(published),
     }  # fmt: skip
     adopted = epochs.publish(
-        r, epochs.Snapshot(version, seal, snap[0], snap[1], meta, cofail), settings.profile_ttl_s
+        r,
+        epochs.Snapshot(version, seal, snap[0], snap[1], meta, cofail, published),
+        settings.profile_ttl_s,
     )
     t4 = time.perf_counter()
     return RecomputeResult(
@@ -218,9 +225,13 @@ def _locked(
 
 
 def recompute_once(
-    r: redis.Redis, url: str, settings: HacoSettings, profile: ProfileSettings | None = None
+    r: redis.Redis,
+    url: str,
+    settings: HacoSettings,
+    profile: ProfileSettings | None = None,
+    pools: Sequence[Sequence[Member]] = (),
 ) -> RecomputeResult:
     """Connect to the trace store at ``url`` (twice: the two reads overlap), recompute,
     close (the Celery task and `haco recompute`)."""
     with connect(url) as conn, connect(url) as cofailure_conn:
-        return recompute(r, conn, settings, profile, cofailure_conn)
+        return recompute(r, conn, settings, profile, cofailure_conn, pools)
