@@ -15,17 +15,19 @@ import time
 from collections.abc import Callable
 
 from coordinator.config import HacoSettings
-from coordinator.core.cofailure import CoFailure
+from coordinator.core.cofailure import CoFailure, Dependence
+from coordinator.core.domains import PoolKey, Published, fits, pool_key
 from coordinator.core.evidence import (
     DependenceMemo,
     PoolMember,
     build_view,
+    domain_members,
     for_request,
     link_id,
 )
 from coordinator.core.methods import PoolView
 from coordinator.core.params import ProfileSettings
-from coordinator.runtime.pool import Pool, endpoint_host
+from coordinator.runtime.pool import Pool, policy_members
 from coordinator.runtime.ports import RuntimeStore
 from coordinator.state.opening import GroupOpening
 from coordinator.state.profilecache import PlanRead
@@ -33,8 +35,9 @@ from schemas.models import Candidate
 
 Clock = Callable[[], float]
 Credit = tuple[float, int] | None  # HedgeBudget.plan_credit
-# A role's candidates, their ids, the links to them and their policy members.
-_RoleStatic = tuple[list[Candidate], list[str], list[str], list[PoolMember]]
+# A role's candidates, their ids, the links to them, their policy members, and the key
+# the recompute publishes its pool's failure domains under.
+_RoleStatic = tuple[list[Candidate], list[str], list[str], list[PoolMember], PoolKey]
 
 
 class Views:
@@ -48,10 +51,14 @@ class Views:
     ) -> None:
         self.pool, self.store, self.settings = pool, store, settings
         self.profile_settings, self.clock = profile_settings, clock
-        # Co-failure evidence (issue 10): with the recompute's snapshot, looked for at most
-        # every cofailure_refresh_s.
+        # Failure domains (issue 10): with the recompute's snapshot, looked for at most
+        # every cofailure_refresh_s. A role takes its pool's from those the snapshot
+        # publishes (coordinator.core.domains); only a pool they miss reads the co-failure
+        # evidence, on its next view after the look, and works its own out.
+        self._published: Published = {}
         self._cofailure: CoFailure | None = None
-        self._cofailure_at = -math.inf
+        self._evidence_due = True
+        self._looked_at = -math.inf
         self._dependence = DependenceMemo(profile_settings)
         self._stale: set[str] = set()  # roles whose next view is read, whatever its age
         # Each role's last view (for a request of 0 bytes: evidence.for_request sizes it)
@@ -63,14 +70,15 @@ class Views:
 
     def _role_static(self, role: str) -> _RoleStatic:
         """What a role's views read that its pool fixes: candidates (their zones checked),
-        ids, links and policy members, worked out on the role's first view."""
+        ids, links, policy members and pool key, worked out on the role's first view."""
         cands = self.pool.candidates(role)
         for c in cands:
             self.pool.check_zone(c.zone)
         caller = self.pool.config.caller_zone
         lids = sorted({link_id(caller, c.zone) for c in cands})
-        members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
-        return list(cands), [c.id for c in cands], lids, members
+        members = policy_members(cands)
+        key = pool_key(domain_members(members), self.profile_settings)
+        return list(cands), [c.id for c in cands], lids, members, key
 
     def mark_stale(self, role: str) -> None:
         """``role``'s next view is read afresh (a failure or a loss was seen)."""
@@ -83,19 +91,40 @@ class Views:
             return self.settings.plan_view_fresh_s
         return 0.0
 
+    def _look(self) -> Published:
+        """The published failure domains, looked for again every cofailure_refresh_s (a
+        look makes the evidence due again too)."""
+        now = self.clock()
+        if now - self._looked_at >= self.settings.cofailure_refresh_s:
+            # Marked first: the callers that come meanwhile use what they have instead
+            # of all reading it at once; a failed read is due again at once.
+            since, self._looked_at = self._looked_at, now
+            try:
+                self._published = self.store.load_domains()
+            except BaseException:
+                self._looked_at = since
+                raise
+            self._evidence_due = True
+        return self._published
+
     def cofailure(self) -> CoFailure | None:
         """The co-failure evidence the policy counts (the latest snapshot's)."""
-        now = self.clock()
-        if now - self._cofailure_at >= self.settings.cofailure_refresh_s:
-            # Marked first: the callers that come meanwhile use the evidence they have
-            # instead of all reading it at once; a failed read is due again at once.
-            since, self._cofailure_at = self._cofailure_at, now
-            try:
-                self._cofailure = self.store.load_cofailure()
-            except BaseException:
-                self._cofailure_at = since
-                raise
+        self._look()
+        if self._evidence_due:
+            self._cofailure = self.store.load_cofailure()  # a failed read stays due
+            self._evidence_due = False
         return self._cofailure
+
+    def _dependence_of(self, members: list[PoolMember], static: _RoleStatic) -> Dependence | None:
+        """The failure domains of ``members``: the published ones of the role's whole pool,
+        else worked out from the evidence (a pool the recompute does not know, or a role
+        with cooling candidates left out)."""
+        published, key = self._look(), static[4]
+        if members is static[3] and key in published:
+            dep = published[key]
+            if fits(dep, len(members)):
+                return dep
+        return self._dependence.get(members, self.cofailure())
 
     def view(
         self, role: str, request_bytes: float, open_group: str | None, credit: Credit
@@ -107,7 +136,7 @@ class Views:
         static = self._static.get(role)
         if static is None:
             static = self._static[role] = self._role_static(role)
-        all_cands, ids, lids, all_members = static
+        all_cands, ids, lids, all_members, _ = static
         caller, ttl_s = self.pool.config.caller_zone, self.settings.group_ttl_s
         read = self.store.read_for_plan(ids, lids, open_group, ttl_s, credit, self._fresh_s(role))
         cands, members = all_cands, all_members
@@ -117,7 +146,7 @@ class Views:
             if kept:
                 cands = [all_cands[i] for i in kept]
                 members = [all_members[i] for i in kept]
-        dep = self._dependence.get(members, self.cofailure())
+        dep = self._dependence_of(members, static)
         inputs = _ViewInputs(tuple(members), caller, read, dep)
         built = self._built.get(role)
         if built is not None and built[0].same(inputs):
