@@ -189,6 +189,17 @@ def planning_section(plan: Json | None) -> list[str]:
                 ),
             ]
         )
+    if all("after_snapshot" in c for c in cases):  # bench.rtsnapshot
+        for way, label in (
+            ("worked_out", "its pool's domains worked out from the evidence (as before)"),
+            ("published", "its pool's domains as the snapshot publishes them"),
+        ):
+            rows.append(
+                [
+                    f"`Coordinator._plan` right after a new snapshot, {label}",
+                    *(num(c["after_snapshot"][f"{way}_us"], 0) for c in cases),
+                ]
+            )
     rows.append(
         [
             "hedge size (with domains)",

@@ -248,4 +248,8 @@ def show_planning(res: dict[str, Any]) -> None:
     t.add_row("dependence, once per snapshot", *(f"{c['dependence_once_us']:.0f}" for c in cases))
     t.add_row("evidence decoded, once per snapshot",
               *(f"{c['evidence_decode_once_us']:.0f}" for c in cases))  # fmt: skip
+    if all("after_snapshot" in c for c in cases):  # bench.rtsnapshot
+        for way in ("worked_out", "published"):
+            t.add_row(f"plan after a new snapshot, domains {way.replace('_', ' ')}",
+                      *(f"{c['after_snapshot'][f'{way}_us']:.0f}" for c in cases))  # fmt: skip
     show(t)

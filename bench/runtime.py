@@ -24,9 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.table import Table
 
-from bench import hotpath_goals, rtbench, rtgrowth, rtoverhead, rtplan, rttail
+from bench import hotpath_goals, rtbench, rtgrowth, rtoverhead, rtplan, rtsnapshot, rttail
 from bench.console import err, show
 from bench.hotpath_goals import GOALS
 from bench.hotpath_tables import span, times
@@ -279,6 +280,9 @@ def run_growth(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_planning(svc: Services, args: argparse.Namespace) -> dict[str, Any]:
     res = rtplan.planning(svc, args.sizes, args.n or DEFAULT_N["planning"])
+    rng = np.random.default_rng(1)
+    for case in res["cases"]:  # after the parts: its snapshots replace their profiles
+        case["after_snapshot"] = rtsnapshot.after_snapshot(svc, case["candidates"], rng)
     rtplan.show_planning(res)
     return res
 

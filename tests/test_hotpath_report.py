@@ -496,3 +496,14 @@ def test_the_planning_table_shows_the_evidence_decoded_only_when_measured() -> N
     text = "\n".join(planning_section({"cases": cases}))
     row = "the snapshot's co-failure evidence decoded, once per snapshot (pairs) |"
     assert f"{row} 2 (3) | 4 013 (6 567) |" in text
+
+
+def test_the_planning_table_shows_the_plan_after_a_snapshot_only_when_measured() -> None:
+    cases = [_plan_case(6), _plan_case(200)]
+    assert "right after a new snapshot" not in "\n".join(planning_section({"cases": cases}))
+    for c, (worked, published) in zip(cases, ((2308.1, 1606.3), (28462.5, 9149.8)), strict=True):
+        c["after_snapshot"] = {"worked_out_us": worked, "published_us": published}
+    text = "\n".join(planning_section({"cases": cases}))
+    row = "`Coordinator._plan` right after a new snapshot, its pool's domains"
+    assert f"{row} worked out from the evidence (as before) | 2 308 | 28 462 |" in text
+    assert f"{row} as the snapshot publishes them | 1 606 | 9 150 |" in text
