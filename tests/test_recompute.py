@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import random
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
 from functools import reduce
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -637,6 +639,36 @@ def test_profiles_and_recompute_commands(
     assert "μ ± σ" in res.stderr
     res = runner.invoke(app, ["profiles", "--role", "nobody"])
     assert res.exit_code == 2 and "unknown role" in res.output
+    _, published = epochs.read_domains(r)  # one entry per role of the pool
+    assert len(published) == len({c.role for c in default_pool().candidates})
+
+
+def test_a_recompute_whose_pool_config_does_not_load_still_publishes_its_snapshot(
+    r: redis.Redis, redis_url: str, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    bad = tmp_path / "pool.toml"
+    bad.write_text("caller_zone = [", encoding="utf-8")
+    monkeypatch.setattr(cli_profiles, "_redis", lambda s: redis.Redis.from_url(redis_url))
+    monkeypatch.setenv("HACO_DATABASE_URL", db)
+    monkeypatch.setenv("HACO_POOL_FILE", str(bad))
+    res = CliRunner().invoke(app, ["recompute"])
+    assert res.exit_code == 0, res.output
+    said = res.stderr.replace("\n", "")  # as the console wrapped it
+    assert "failure domains not published" in said and str(bad) in said
+    assert epochs.snapshot_meta(r) is not None and epochs.read_domains(r)[1] == {}
+    # The beat task: the same, logged.
+    tasks: dict[str, Callable[[], None]] = {}
+    fake = SimpleNamespace(
+        conf=SimpleNamespace(beat_schedule=None),
+        task=lambda **opts: lambda fn: tasks.setdefault(opts["name"], fn),
+    )
+    register_maintenance(fake, HacoSettings(database_url=db, pool_file=bad), redis_url)
+    with caplog.at_level(logging.WARNING, logger="workers.maintenance"):
+        tasks[RECOMPUTE_TASK]()
+    assert "failure domains not published" in caplog.text and str(bad) in caplog.text
+    meta = epochs.snapshot_meta(r)
+    assert meta is not None and meta["domain_pools"] == 0
 
 
 def test_the_celery_app_schedules_the_recompute() -> None:
