@@ -87,6 +87,18 @@ def setup(
     yield store, publish
 
 
+def _views(store: MemoryStore | RedisStore) -> Views:
+    """Views that read the profiles and look for a new snapshot on every plan."""
+    settings = HacoSettings(plan_view_fresh_s=0.0)
+    now = [1_000.0]
+
+    def clock() -> float:
+        now[0] += settings.cofailure_refresh_s
+        return now[0]
+
+    return Views(small_pool(3), store, settings, PROF, clock=clock)
+
+
 def test_plans_decide_with_the_snapshots_domains_worked_out_once_per_snapshot(
     setup: tuple[MemoryStore | RedisStore, Publish],
 ) -> None:
@@ -97,17 +109,8 @@ def test_plans_decide_with_the_snapshots_domains_worked_out_once_per_snapshot(
             for i in range(3):
                 store.update_candidate(f"c{i}", OBS, PROF, TTL_S)
 
-    # Every view reads the profiles, and (its clock a refresh on each time) looks for a
-    # new snapshot.
-    settings = HacoSettings(plan_view_fresh_s=0.0)
-    now = [1_000.0]
-
-    def clock() -> float:
-        now[0] += settings.cofailure_refresh_s
-        return now[0]
-
     pool = small_pool(3)
-    views = Views(pool, store, settings, PROF, clock=clock)
+    views = _views(store)
     params = PolicyParams(tau=0.95)
     rule = Haco(params)
 
@@ -148,18 +151,6 @@ def test_plans_decide_with_the_snapshots_domains_worked_out_once_per_snapshot(
 def _shared(dep: Dependence | None) -> set[str]:
     """The domains that fail their members together more than one time in ten."""
     return set() if dep is None else {d.name for d in dep.domains if d.shock > 0.1}
-
-
-def _views(store: MemoryStore | RedisStore) -> Views:
-    """Views that read the profiles and look for a new snapshot on every plan."""
-    settings = HacoSettings(plan_view_fresh_s=0.0)
-    now = [1_000.0]
-
-    def clock() -> float:
-        now[0] += settings.cofailure_refresh_s
-        return now[0]
-
-    return Views(small_pool(3), store, settings, PROF, clock=clock)
 
 
 def test_a_plan_takes_its_pools_published_domains_over_the_evidence(
