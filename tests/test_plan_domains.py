@@ -7,6 +7,7 @@ Both stores: co-failure evidence set in memory, or published in a snapshot in Re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import astuple
 
@@ -211,3 +212,30 @@ def test_a_pool_with_published_domains_never_reads_the_evidence(redis_db: redis.
     _, view, _ = views.view(ROLE, 100.0, None, None)
     assert view.dependence == published[domains.pool_key(pool, PROF)]
     assert _shared(view.dependence) == {"site:local/scripted"}
+
+
+def test_published_domains_that_do_not_decode_leave_the_plan_to_the_evidence(
+    redis_db: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = RedisStore(redis_db)
+    views = _views(store)
+    (pool,) = domain_pools(small_pool(3))
+    evidence = _evidence(0.3, 1)
+    published = domains.work_out([pool], _evidence(0.0, 2), PROF)
+    seal = epochs.seal(redis_db, TTL_S)
+    snap = epochs.Snapshot(7, seal, {}, {}, cofailure=evidence, domains=published)
+    assert epochs.publish(redis_db, snap, TTL_S)
+    redis_db.hset(keys.PROFILE_SNAPSHOT, epochs.DOMAINS_FIELD, '{"k": [["zone:a", [1, 0], 0.1]]}')
+    with caplog.at_level(logging.WARNING, logger="coordinator.state.store"):
+        _, view, _ = views.view(ROLE, 100.0, None, None)
+        _, again, _ = views.view(ROLE, 100.0, None, None)
+    assert (
+        view.dependence
+        == dependence(pool, evidence, PROF)
+        != published[domains.pool_key(pool, PROF)]
+    )
+    assert again.dependence is view.dependence
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1  # once per snapshot, not per look
+    assert "snapshot v7: published failure domains not taken" in warned[0]
+    assert "members [1, 0]" in warned[0]

@@ -19,6 +19,7 @@ transaction; :meth:`RedisStore.load_profiles` returns the merged, effective prof
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +38,7 @@ from coordinator.core.profiles import (
     update_candidate,
     update_link_many,
 )
-from coordinator.errors import StoreError
+from coordinator.errors import InputError, StoreError
 from coordinator.state import keys
 from coordinator.state.closing import CloseLimits, GroupClose, GroupClosed
 from coordinator.state.codec import text
@@ -59,6 +60,7 @@ from coordinator.state.sideops import RedisSideOps
 from schemas.enums import GroupSignal
 
 _MS = 1000
+log = logging.getLogger(__name__)
 
 
 def _signal(raw: object) -> GroupSignal | None:
@@ -250,7 +252,14 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
             if version is None:
                 self._domains = (None, {})
             elif version != self._domains[0]:
-                self._domains = read_domains(self.r)
+                try:
+                    self._domains = read_domains(self.r)
+                except InputError as exc:
+                    # A cache of what the evidence gives: without it plans work their
+                    # domains out from the evidence, as for a pool it does not cover.
+                    log.warning("snapshot v%s: published failure domains not taken: %s",
+                                version, exc)  # fmt: skip
+                    self._domains = (version, {})
             return self._domains[1]
 
         return self._guard("load published failure domains", read)
