@@ -1,7 +1,8 @@
 """The plan right after a new snapshot, in bench/rtplan.py's pools: the first plan of a
 coordinator to find the snapshot reads what the co-failure evidence says about its pool.
 
-Two ways, measured alternately on the same pool and the same evidence:
+Two ways, measured in turns (each first in every other round) on the same pool and the
+same evidence:
 
 - *worked out*: the snapshot publishes the evidence alone, and the plan reads and decodes
   it and works out the pool's failure domains (what every coordinator did before the
@@ -54,10 +55,10 @@ def after_snapshot(svc: Services, n: int, rng: np.random.Generator) -> dict[str,
         pools = domain_pools(coord.pool)
         published = domains.work_out(pools, evidence, coord.profile_settings)
         version = itertools.count(int(time.time()))
-        ways = {"worked_out": None, "published": published}
-        samples: dict[str, list[float]] = {way: [] for way in ways}
-        for _ in range(ONCE + 1):
-            for way, pub in ways.items():
+        ways = [("worked_out", None), ("published", published)]
+        samples: dict[str, list[float]] = {way: [] for way, _ in ways}
+        for k in range(ONCE + 1):
+            for way, pub in ways if k % 2 == 0 else ways[::-1]:  # neither always first
                 seal = epochs.seal(r, ttl_s)
                 snap = epochs.Snapshot(next(version), seal, profiles, links,
                                        cofailure=evidence, domains=pub)  # fmt: skip
