@@ -24,8 +24,8 @@ from bench.console import show
 from bench.rtlib import Services
 from coordinator.config import HacoSettings
 from coordinator.core import cofailure
-from coordinator.core.cofailure import CoFailure, Member, PairStats, dependence, fold_groups
-from coordinator.core.evidence import PoolMember, build_view, link_id, payload_bytes
+from coordinator.core.cofailure import CoFailure, PairStats, dependence, fold_groups
+from coordinator.core.evidence import build_view, domain_members, link_id, payload_bytes
 from coordinator.core.methods import Haco, PoolView
 from coordinator.core.params import ProfileSettings
 from coordinator.core.percentiles import interpolated, median
@@ -33,7 +33,7 @@ from coordinator.core.policy import FixedMemo
 from coordinator.core.profiles import CandidateObservation, LinkObservation
 from coordinator.core.smallpool import in_floats
 from coordinator.runtime.client import HacoClient
-from coordinator.runtime.pool import endpoint_host
+from coordinator.runtime.pool import policy_members
 from schemas.enums import FailureKind
 from schemas.models import Candidate
 from schemas.pool import PoolConfig, SimSection
@@ -152,12 +152,12 @@ def plan_size(svc: Services, n: int, iters: int, rng: np.random.Generator) -> di
         lids = sorted({link_id(caller, c.zone) for c in cands})
         nbytes = payload_bytes(inv.payload)
         profiles, links = coord.store.load_profiles(ids, lids)
-        members = [PoolMember(c.id, c.zone, c.model, endpoint_host(c)) for c in cands]
+        members = policy_members(cands)
         ps = coord.profile_settings
         view = build_view(members, caller, profiles, links, nbytes, ps)
         rule = Haco(call.params)
         evidence = zone_cofailure(cands, rng)
-        domains = [Member(m.candidate_id, m.zone, m.model, m.endpoint) for m in members]
+        domains = domain_members(members)
         # Once per snapshot, by the plan that first finds it (runtime.viewing): the
         # evidence decoded, the pool's domains worked out (DependenceMemo).
         dep = dependence(domains, evidence, ps)

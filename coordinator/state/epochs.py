@@ -32,7 +32,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -265,6 +265,7 @@ def publish(r: redis.Redis, snap: Snapshot, ttl_s: float) -> bool:
     return adopted
 
 
+T = TypeVar("T")
 COFAILURE_FIELD = "cofailure"  # the snapshot hash's field holding the co-failure JSON
 DOMAINS_FIELD = "domains"  # ... and the one holding the pools' failure domains
 
@@ -289,3 +290,21 @@ def cofailure_version(r: redis.Redis) -> str | None:
     """The adopted snapshot's version alone (one cheap HGET, to know when to re-read)."""
     v = r.hget(keys.PROFILE_SNAPSHOT, "version")
     return v.decode() if isinstance(v, bytes) else v
+
+
+class SnapshotField(Generic[T]):
+    """One field of the adopted snapshot, decoded (``read``: the version and the value, in
+    one round trip) and read again only when the snapshot's version changed: a look
+    costs one HGET while the snapshot stays. ``empty`` while none is adopted."""
+
+    def __init__(self, read: Callable[[redis.Redis], tuple[str | None, T]], empty: T) -> None:
+        self._read, self._empty = read, empty
+        self._held: tuple[str | None, T] = (None, empty)
+
+    def get(self, r: redis.Redis) -> T:
+        version = cofailure_version(r)
+        if version is None:
+            self._held = (None, self._empty)
+        elif version != self._held[0]:
+            self._held = self._read(r)
+        return self._held[1]

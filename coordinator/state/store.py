@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import redis
 
 from coordinator.core.cofailure import CoFailure, Dependence
+from coordinator.core.domains import Published
 from coordinator.core.params import ProfileSettings
 from coordinator.core.profiles import (
     CandidateObservation,
@@ -45,6 +46,7 @@ from coordinator.state.codec import text
 from coordinator.state.epochs import (
     DeltaWrite,
     ProfileView,
+    SnapshotField,
     cofailure_version,
     read_cofailure,
     read_domains,
@@ -61,6 +63,18 @@ from schemas.enums import GroupSignal
 
 _MS = 1000
 log = logging.getLogger(__name__)
+
+
+def _read_domains(r: redis.Redis) -> tuple[str | None, Published]:
+    """epochs.read_domains; published domains that do not decode are left aside (logged):
+    they are a cache of what the evidence gives, and plans then work theirs out from it,
+    as for a pool they do not cover."""
+    try:
+        return read_domains(r)
+    except InputError as exc:
+        version = cofailure_version(r)
+        log.warning("snapshot v%s: published failure domains not taken: %s", version, exc)
+        return version, {}
 
 
 def _signal(raw: object) -> GroupSignal | None:
@@ -119,8 +133,8 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
         # WATCH fail and retry; queueing them on a per-key lock in the process costs less.
         self._key_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
-        self._cofailure: tuple[str | None, CoFailure | None] = (None, None)
-        self._domains: tuple[str | None, dict[str, Dependence | None]] = (None, {})
+        self._cofailure: SnapshotField[CoFailure | None] = SnapshotField(read_cofailure, None)
+        self._domains: SnapshotField[Published] = SnapshotField(_read_domains, {})
 
     def _key_lock(self, write: DeltaWrite) -> threading.Lock:
         name = write.candidate[0] if write.candidate else write.link[0] if write.link else ""
@@ -232,37 +246,12 @@ class RedisStore(RedisOutcomes, RedisMemberOps, RedisPlanReads, RedisSideOps):
     def load_cofailure(self) -> CoFailure | None:
         """The adopted snapshot's co-failure evidence (coordinator.core.cofailure); read
         again only when the snapshot's version changed."""
-
-        def read() -> CoFailure | None:
-            version = cofailure_version(self.r)
-            if version is None:
-                self._cofailure = (None, None)
-            elif version != self._cofailure[0]:
-                self._cofailure = read_cofailure(self.r)
-            return self._cofailure[1]
-
-        return self._guard("load co-failure evidence", read)
+        return self._guard("load co-failure evidence", lambda: self._cofailure.get(self.r))
 
     def load_domains(self) -> Mapping[str, Dependence | None]:
         """The failure domains the adopted snapshot publishes, by pool key
         (coordinator.core.domains); read again only when the snapshot's version changed."""
-
-        def read() -> Mapping[str, Dependence | None]:
-            version = cofailure_version(self.r)
-            if version is None:
-                self._domains = (None, {})
-            elif version != self._domains[0]:
-                try:
-                    self._domains = read_domains(self.r)
-                except InputError as exc:
-                    # A cache of what the evidence gives: without it plans work their
-                    # domains out from the evidence, as for a pool it does not cover.
-                    log.warning("snapshot v%s: published failure domains not taken: %s",
-                                version, exc)  # fmt: skip
-                    self._domains = (version, {})
-            return self._domains[1]
-
-        return self._guard("load published failure domains", read)
+        return self._guard("load published failure domains", lambda: self._domains.get(self.r))
 
     def load_profiles(
         self, candidate_ids: Sequence[str], link_ids: Sequence[str]
