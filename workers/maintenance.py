@@ -21,9 +21,8 @@ from typing import Any
 import redis
 
 from coordinator.config import HacoSettings
-from coordinator.core.cofailure import Member
 from coordinator.errors import HacoError
-from coordinator.runtime.pool import Pool, domain_pools, pool_from_settings
+from coordinator.runtime.pool import configured_domain_pools
 from coordinator.services import embedded_pg
 from coordinator.state.keys import MAINTENANCE_QUEUE, RECOMPUTE_TASK, RETENTION_TASK
 from coordinator.tracestore.db import connect
@@ -41,7 +40,7 @@ def register_maintenance(app: Any, settings: HacoSettings, app_redis_url: str) -
     application database (keys.APP_DB), not the broker's."""
 
     def recompute() -> None:
-        pools = _domain_pools(settings)
+        pools = configured_domain_pools(settings, log.warning)
         client = redis.Redis.from_url(app_redis_url)
         try:
             url = embedded_pg.trace_store_url(settings)
@@ -64,17 +63,6 @@ def register_maintenance(app: Any, settings: HacoSettings, app_redis_url: str) -
     }
     _register_retention(app, settings, schedule)
     app.conf.beat_schedule = schedule
-
-
-def _domain_pools(settings: HacoSettings) -> list[list[Member]]:
-    """The pools whose failure domains the snapshot publishes: each role of this
-    worker's pool config (read at each recompute, as the coordinators read theirs at
-    start). One that does not load publishes none: the coordinators work theirs out."""
-    try:
-        return domain_pools(Pool(pool_from_settings(settings)))
-    except HacoError as exc:
-        log.warning("failure domains not published: %s", exc)
-        return []
 
 
 def _register_retention(app: Any, settings: HacoSettings, schedule: dict[str, Any]) -> None:

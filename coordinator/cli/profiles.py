@@ -12,7 +12,7 @@ from rich.table import Table
 from coordinator.cli.common import clean_errors, err, show
 from coordinator.config import HacoSettings
 from coordinator.core.evidence import link_id
-from coordinator.errors import ConfigError, StoreError
+from coordinator.errors import StoreError
 from coordinator.runtime.profile_view import profile_rows
 from coordinator.state import keys
 from coordinator.state.broker import with_db
@@ -91,16 +91,12 @@ def recompute_cmd() -> None:
     beat task haco.recompute does every HACO_RECOMPUTE_INTERVAL_S)."""
     import redis
 
-    from coordinator.runtime.pool import Pool, domain_pools, pool_from_settings
+    from coordinator.runtime.pool import configured_domain_pools
     from coordinator.services import embedded_pg
     from coordinator.tracestore.recompute import recompute_once
 
     settings = HacoSettings()
-    try:
-        pools = domain_pools(Pool(pool_from_settings(settings)))
-    except ConfigError as exc:  # the coordinators then work their domains out themselves
-        err.print(f"failure domains not published: {exc}")
-        pools = []
+    pools = configured_domain_pools(settings, err.print)
     client = _redis(settings)
     try:
         url = embedded_pg.trace_store_url(settings)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,6 +15,7 @@ from coordinator.core.evidence import PoolMember, domain_members
 from coordinator.core.params import PolicyParams
 from coordinator.errors import (
     ConfigError,
+    HacoError,
     UnknownRoleError,
     UnknownZoneError,
     describe_validation_error,
@@ -192,6 +193,20 @@ def domain_pools(pool: Pool) -> list[list[Member]]:
     """Each role's whole pool as the failure domains name it, in the order a coordinator
     plans it: the pools whose domains the recompute publishes (coordinator.core.domains)."""
     return [domain_members(policy_members(cands)) for cands in pool.by_role.values()]
+
+
+def configured_domain_pools(
+    settings: HacoSettings, warn: Callable[[str], None]
+) -> list[list[Member]]:
+    """:func:`domain_pools` of the pool config ``settings`` names (a recompute reads it
+    each time, as a coordinator reads its own at start). One that does not load publishes
+    no domains, said through ``warn`` with the file and the error: the coordinators then
+    work theirs out from the evidence."""
+    try:
+        return domain_pools(Pool(pool_from_settings(settings)))
+    except HacoError as exc:
+        warn(f"failure domains not published: {exc}")
+        return []
 
 
 def with_sim(cand: Candidate, sim: SimSection | None) -> Candidate:

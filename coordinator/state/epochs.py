@@ -270,23 +270,29 @@ COFAILURE_FIELD = "cofailure"  # the snapshot hash's field holding the co-failur
 DOMAINS_FIELD = "domains"  # ... and the one holding the pools' failure domains
 
 
+def _read_field(
+    r: redis.Redis, name: str, decode: Callable[[str | bytes], T], empty: T
+) -> tuple[str | None, T]:
+    """The adopted snapshot's version and its field ``name`` decoded, in one round trip
+    (``empty``: none adopted, or a snapshot without the field)."""
+    version, raw = r.hmget(keys.PROFILE_SNAPSHOT, ["version", name])
+    ver = version.decode() if isinstance(version, bytes) else version
+    return ver, empty if raw is None else decode(raw)
+
+
 def read_cofailure(r: redis.Redis) -> tuple[str | None, CoFailure | None]:
     """The adopted snapshot's version and co-failure evidence (None: none adopted, or a
     snapshot without co-failure evidence)."""
-    version, raw = r.hmget(keys.PROFILE_SNAPSHOT, ["version", COFAILURE_FIELD])
-    ver = version.decode() if isinstance(version, bytes) else version
-    return ver, None if raw is None else cofailure.decode(raw)
+    return _read_field(r, COFAILURE_FIELD, cofailure.decode, None)
 
 
 def read_domains(r: redis.Redis) -> tuple[str | None, dict[str, Dependence | None]]:
     """The adopted snapshot's version and the failure domains it publishes, by pool key
     (coordinator.core.domains; none: no snapshot, or one without them)."""
-    version, raw = r.hmget(keys.PROFILE_SNAPSHOT, ["version", DOMAINS_FIELD])
-    ver = version.decode() if isinstance(version, bytes) else version
-    return ver, {} if raw is None else domains.decode(raw)
+    return _read_field(r, DOMAINS_FIELD, domains.decode, {})
 
 
-def cofailure_version(r: redis.Redis) -> str | None:
+def snapshot_version(r: redis.Redis) -> str | None:
     """The adopted snapshot's version alone (one cheap HGET, to know when to re-read)."""
     v = r.hget(keys.PROFILE_SNAPSHOT, "version")
     return v.decode() if isinstance(v, bytes) else v
@@ -302,7 +308,7 @@ class SnapshotField(Generic[T]):
         self._held: tuple[str | None, T] = (None, empty)
 
     def get(self, r: redis.Redis) -> T:
-        version = cofailure_version(r)
+        version = snapshot_version(r)
         if version is None:
             self._held = (None, self._empty)
         elif version != self._held[0]:

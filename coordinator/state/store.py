@@ -47,10 +47,10 @@ from coordinator.state.epochs import (
     DeltaWrite,
     ProfileView,
     SnapshotField,
-    cofailure_version,
     read_cofailure,
     read_domains,
     read_view,
+    snapshot_version,
     write_delta,
 )
 from coordinator.state.lean import lean_for
@@ -72,7 +72,7 @@ def _read_domains(r: redis.Redis) -> tuple[str | None, Published]:
     try:
         return read_domains(r)
     except InputError as exc:
-        version = cofailure_version(r)
+        version = snapshot_version(r)
         log.warning("snapshot v%s: published failure domains not taken: %s", version, exc)
         return version, {}
 
